@@ -1,0 +1,3 @@
+"""ProbePO: sparse probes and redistributed credit for critic-free RL on LLM reasoning."""
+
+__version__ = "0.1.0"
