@@ -7,9 +7,11 @@ with a message that names the field.
 
 from __future__ import annotations
 
+from os import PathLike
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class _Strict(BaseModel):
@@ -103,3 +105,256 @@ class AlgoConfig(_Strict):
                 " continuations_per_pivot, or raise probe_budget"
             )
         return self
+
+
+class TaskConfig(_Strict):
+    """The synthetic verifiable task of the CPU testbed (probepo/data)."""
+
+    kind: Literal["modchain"] = "modchain"
+    """modchain: chained arithmetic modulo `modulus` with a worked chain of thought, e.g.
+    `3+5-2=` → `3+5=8;8-2=6;>6`."""
+
+    steps: int = Field(6, ge=1, le=30)
+    """Operations per problem (= reasoning steps of the worked solution)."""
+
+    modulus: int = Field(10, ge=2, le=1000)
+    """Every number and intermediate result lies in [0, modulus)."""
+
+    ops: str = Field("+-", min_length=1)
+    """Operators drawn uniformly per step: any non-empty, duplicate-free subset of `+-*`."""
+
+    seed: int = Field(0, ge=0)
+    """Task seed: problem `index` of a split is a pure function of (seed, split, index)."""
+
+    @model_validator(mode="after")
+    def _ops_valid(self) -> TaskConfig:
+        bad = sorted(set(self.ops) - set("+-*"))
+        if bad or len(set(self.ops)) != len(self.ops):
+            raise ValueError(f"ops = {self.ops!r}: use distinct characters from '+-*' (bad: {bad})")
+        return self
+
+
+class ModelConfig(_Strict):
+    """The tiny decoder-only transformer of the CPU testbed (probepo/models/gpt.py)."""
+
+    vocab_size: int = Field(19, ge=2)
+    """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain)."""
+
+    d_model: int = Field(64, ge=8)
+    """Residual stream width."""
+
+    n_layers: int = Field(2, ge=1)
+    """Number of transformer blocks."""
+
+    n_heads: int = Field(4, ge=1)
+    """Attention heads per block; must divide d_model."""
+
+    context: int = Field(128, ge=8)
+    """Maximum sequence length (prompt + response + rescue) = number of learned positions."""
+
+    mlp_ratio: int = Field(4, ge=1)
+    """Hidden width of each MLP as a multiple of d_model."""
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> ModelConfig:
+        if self.d_model % self.n_heads:
+            raise ValueError(f"n_heads = {self.n_heads} must divide d_model = {self.d_model}")
+        return self
+
+
+class SamplingConfig(_Strict):
+    """How responses (and probe continuations) are sampled."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Softmax temperature; 0 means greedy. Scoring divides logits by the same value (> 0 there)."""
+
+    top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling: keep the smallest set of tokens whose probability reaches top_p (1 keeps all)."""
+
+    max_tokens: int = Field(64, ge=1)
+    """Most response tokens per sample, the stop token included."""
+
+
+class OptimConfig(_Strict):
+    """The policy optimizer: AdamW over PPO-clip mini-batches with gradient accumulation."""
+
+    lr: float = Field(1e-4, gt=0)
+    """AdamW learning rate (1e-4 on the CPU testbed; 3e-4 and above collapsed there, NOTES.md)."""
+
+    beta1: float = Field(0.9, ge=0, lt=1)
+    """AdamW β1 (decay of the gradient's running mean)."""
+
+    beta2: float = Field(0.999, ge=0, lt=1)
+    """AdamW β2 (decay of the squared gradient's running mean)."""
+
+    eps: float = Field(1e-8, gt=0)
+    """AdamW ε."""
+
+    weight_decay: float = Field(0.0, ge=0)
+    """Decoupled weight decay applied to every parameter (0: none)."""
+
+    grad_clip: float = Field(1.0, gt=0)
+    """Gradients are clipped to this global L2 norm before each optimizer step."""
+
+    minibatch_size: int = Field(64, ge=1)
+    """Responses per optimizer step: N responses make ceil(N / minibatch_size) steps per epoch."""
+
+    microbatch_size: int = Field(64, ge=1)
+    """Responses per forward/backward pass; micro-batches of a mini-batch accumulate gradients so the loss
+    is the token-mean over the whole mini-batch."""
+
+    epochs: int = Field(1, ge=1)
+    """Passes over the update's responses (mini-batch order reshuffled each epoch from the update seed)."""
+
+
+class WarmupConfig(_Strict):
+    """Supervised warm-up that makes the RL starting checkpoint (committed to the store, reused by runs
+    with the same task, model and warm-up settings)."""
+
+    accuracy_low: float = Field(0.25, ge=0, le=1)
+    """The first checkpoint whose accuracy reaches this is taken (the transition is sharp)."""
+
+    accuracy_high: float = Field(0.5, ge=0, le=1)
+    """A checkpoint above this overshot the window; the closest one to the window is taken instead."""
+
+    max_steps: int = Field(4000, ge=1)
+    """Give up (with an error naming the best accuracy reached) after this many steps."""
+
+    batch_size: int = Field(64, ge=1)
+    """Worked solutions per supervised step."""
+
+    lr: float = Field(3e-3, gt=0)
+    """AdamW learning rate of the warm-up."""
+
+    check_every: int = Field(25, ge=1)
+    """Steps between accuracy checks."""
+
+    check_problems: int = Field(256, ge=16)
+    """Eval-split problems sampled (once each, at the sampling temperature) per accuracy check."""
+
+    seed: int = Field(0, ge=0)
+    """Seed of the warm-up's initialisation, data order and checks."""
+
+    @model_validator(mode="after")
+    def _window(self) -> WarmupConfig:
+        if self.accuracy_low > self.accuracy_high:
+            raise ValueError(
+                f"accuracy_low = {self.accuracy_low} exceeds accuracy_high = {self.accuracy_high}"
+            )
+        return self
+
+
+class EvalConfig(_Strict):
+    """Held-out evaluation of a checkpoint: Mean@k on a fixed set of eval-split problems."""
+
+    every: int = Field(20, ge=1)
+    """Evaluate the policy every this many updates (and before the first and after the last)."""
+
+    problems: int = Field(512, ge=1)
+    """Eval-split problems 0..problems-1 (the same set for every run with the same task seed)."""
+
+    samples_per_problem: int = Field(1, ge=1)
+    """k of Mean@k: samples per problem, each graded; accuracy averages them."""
+
+    temperature: float = Field(1.0, ge=0)
+    """Sampling temperature of the evaluation (0: greedy, then k is forced to 1)."""
+
+    seed: int = Field(1234, ge=0)
+    """Seed of evaluation sampling: fixed across runs so that arms see the same random stream."""
+
+
+class RunConfig(_Strict):
+    """One training run. Its defaults are the embedded default: the CPU testbed (tiny GPT, mod-10 chains,
+    a local store), with the study's margin and spacing scaled to ~40-token responses (ALGORITHM.md §2.6).
+    """
+
+    seed: int = Field(0, ge=0)
+    """Run seed: every prompt batch and every stage's randomness derive from (seed, update, stage)."""
+
+    store: str = "./store"
+    """Artifact store: a folder, or s3://bucket/prefix (endpoint and credentials from the AWS settings)."""
+
+    num_updates: int = Field(80, ge=0)
+    """Policy updates to run."""
+
+    prompts_per_update: int = Field(16, ge=1)
+    """P: prompts sampled per update."""
+
+    group_size: int = Field(8, ge=1)
+    """G: responses sampled per prompt (one GRPO group)."""
+
+    algo: AlgoConfig = Field(
+        default_factory=lambda: AlgoConfig(margin=2, min_spacing=6, rescue_suffix=">", rescue_tokens=4)
+    )
+    """The maths of the update (testbed: margin 2, spacing 6, rescue by the task's answer marker `>`)."""
+
+    task: TaskConfig = Field(default_factory=TaskConfig)
+    """The verifiable task."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    """The policy network (testbed GPT)."""
+
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    """Sampling of responses and probe continuations."""
+
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    """The optimizer of the policy."""
+
+    warmup: WarmupConfig = Field(default_factory=WarmupConfig)
+    """Supervised warm-up producing the starting checkpoint."""
+
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+
+    @model_validator(mode="after")
+    def _fits_the_task(self) -> RunConfig:
+        from probepo.data import build_task  # the task modules import this one
+
+        task = build_task(self.task)
+        if self.model.vocab_size != task.tokenizer.vocab_size:
+            raise ValueError(
+                f"model.vocab_size = {self.model.vocab_size} but the {self.task.kind} task's tokenizer has"
+                f" {task.tokenizer.vocab_size} tokens: set model.vocab_size = {task.tokenizer.vocab_size}"
+            )
+        try:
+            suffix = task.tokenizer.encode(self.algo.rescue_suffix) if self.algo.rescue_tokens else []
+        except ValueError as exc:
+            raise ValueError(
+                f"algo.rescue_suffix = {self.algo.rescue_suffix!r} cannot be tokenized by the"
+                f" {self.task.kind} task ({exc}): use the task's own suffix {task.rescue_suffix!r}"
+                " (or algo.rescue_tokens = 0)"
+            ) from None
+        rescue = len(suffix) + self.algo.rescue_tokens if suffix else 0
+        longest = len(task.prompt_ids(task.problem(0, "train"))) + self.sampling.max_tokens + rescue
+        if longest > self.model.context:
+            raise ValueError(
+                f"model.context = {self.model.context} is shorter than prompt + sampling.max_tokens + rescue"
+                f" = {longest} tokens: raise model.context or lower sampling.max_tokens"
+            )
+        return self
+
+
+def load_run_config(path: str | PathLike[str], **overrides: object) -> RunConfig:
+    """A RunConfig from a YAML preset, with dotted overrides (e.g. `algo.algorithm="grpo"`).
+
+    Errors name the file and the field.
+    """
+    import yaml
+
+    text = Path(path).read_text()
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping of RunConfig fields at the top level")
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ValueError(f"{path}: invalid run config:\n{exc}") from None

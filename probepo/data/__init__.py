@@ -1,0 +1,12 @@
+"""Verifiable tasks: the Task interface and the CPU testbed's synthetic task."""
+
+from probepo.config import TaskConfig
+from probepo.data.synthetic import CharTokenizer, ModChainTask
+from probepo.data.task import Problem, Task, Tokenizer
+
+__all__ = ["CharTokenizer", "ModChainTask", "Problem", "Task", "Tokenizer", "build_task"]
+
+
+def build_task(config: TaskConfig) -> Task:
+    """The task a config describes."""
+    return ModChainTask(steps=config.steps, modulus=config.modulus, ops=config.ops, seed=config.seed)

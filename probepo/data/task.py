@@ -1,0 +1,99 @@
+"""The interface every verifiable task implements, so testbeds plug into the same pipeline.
+
+A task owns its problems (a pure function of task seed, split and index), its tokenizer, its verifier,
+its step boundaries (pivot candidates) and its cutoff-rescue suffix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Protocol
+
+SPLITS = ("train", "eval")
+_EVAL_PERMILLE = 100  # share of the problem space reserved for the eval split (hash buckets of 1000)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem: the prompt text, the gold answer, and a worked solution (the ideal response text,
+    without the stop token)."""
+
+    prompt: str
+    answer: str
+    solution: str
+
+
+class Tokenizer(Protocol):
+    """What the pipeline needs of a tokenizer. `decode` renders special tokens as text, so the verifier
+    sees whether the stop token was emitted."""
+
+    vocab_size: int
+    bos_id: int
+    eos_id: int
+    pad_id: int
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+    def token_texts(self, ids: list[int]) -> list[str]: ...
+
+
+class Task(ABC):
+    """A verifiable task. Subclasses draw a problem from a seeded `random.Random` (`_draw`); this base
+    makes the draw deterministic and keeps the splits disjoint: a problem belongs to the split its prompt
+    hashes to, and a draw landing in the other split is redrawn."""
+
+    tokenizer: Tokenizer
+    rescue_suffix: str
+    """Appended to a probe continuation cut off at its token limit before a greedy rescue."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+
+    @abstractmethod
+    def _draw(self, rng: random.Random) -> Problem:
+        """A random problem (any split)."""
+
+    @abstractmethod
+    def verify(self, completion: str, problem: Problem) -> float:
+        """1.0 if `completion` (the decoded response, stop token included) answers `problem`, else 0.0."""
+
+    @abstractmethod
+    def step_end(self, token_ids: list[int]) -> list[bool]:
+        """Per token: does it end a reasoning step? (A pivot at t needs token t − 1 to end a step.)"""
+
+    def problem(self, index: int, split: str) -> Problem:
+        """Problem `index` of `split` ("train" or "eval"): a pure function of (task seed, split, index)."""
+        if split not in SPLITS:
+            raise ValueError(f"split = {split!r}: expected one of {SPLITS}")
+        if index < 0:
+            raise ValueError(f"index = {index}: must be >= 0")
+        for attempt in range(10_000):
+            problem = self._draw(random.Random(f"{self.seed}/{split}/{index}/{attempt}"))
+            if split_of(problem.prompt) == split:
+                return problem
+        raise RuntimeError(f"no {split} problem found for index {index}: the problem space is too small")
+
+    def batch(self, seed: int, update: int, size: int, split: str = "train") -> list[Problem]:
+        """The prompt batch of update `update` of a run with seed `seed`: `size` problems drawn
+        deterministically (with replacement) from the split."""
+        rng = random.Random(f"batch/{seed}/{update}")
+        return [self.problem(rng.randrange(2**40), split) for _ in range(size)]
+
+    def prompt_ids(self, problem: Problem) -> list[int]:
+        """Token ids fed to the model: BOS, then the prompt."""
+        return [self.tokenizer.bos_id, *self.tokenizer.encode(problem.prompt)]
+
+    def solution_ids(self, problem: Problem) -> list[int]:
+        """Token ids of the worked solution as the model should emit it: the solution, then EOS."""
+        return [*self.tokenizer.encode(problem.solution), self.tokenizer.eos_id]
+
+
+def split_of(prompt: str) -> str:
+    """The split a prompt belongs to (a fixed hash partition of the problem space)."""
+    bucket = int.from_bytes(hashlib.sha256(prompt.encode()).digest()[:4], "big") % 1000
+    return "eval" if bucket < _EVAL_PERMILLE else "train"

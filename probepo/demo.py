@@ -1,0 +1,114 @@
+"""`probepo demo`: the CPU testbed end to end, GRPO and ProbePO side by side, then a report.
+
+The warm-up runs (or is reused) first, in this process; then each arm trains in its own process
+(`probepo train`, one torch thread each) while this one draws progress from the store's ledger. Run ids
+derive from the preset's content, so running the demo again reuses (or resumes) the same runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from probepo.config import RunConfig
+from probepo.pipeline import ensure_warmup
+from probepo.report import load_curves, write_report
+from probepo.store import ArtifactStore, StoreError, open_store
+
+ARMS = ("grpo", "probepo")
+POLL_S = 1.0
+
+
+def arm_run_id(config: RunConfig, algorithm: str) -> str:
+    """A run id that names the arm and the recipe: the same preset maps to the same run."""
+    recipe = config.model_copy(update={"store": ""}).model_dump_json()
+    return f"demo-{algorithm}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
+
+
+def _updates_done(store: ArtifactStore, run_id: str) -> int:
+    try:
+        return sum("optimize" in stages for stages in store.ledger_entries(run_id).values())
+    except StoreError:  # progress display only; the child process reports real errors
+        return 0
+
+
+def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | None = None) -> Path:
+    """Run the demo; returns the markdown report's path. Raises RuntimeError naming a failed arm's log."""
+    console = console or Console()
+    outdir.mkdir(parents=True, exist_ok=True)
+    store = open_store(config.store)
+    started = time.perf_counter()
+    with console.status("warm-up: supervised training until accuracy enters the window (or reuse)"):
+        warmup_id = ensure_warmup(config, store)
+    warm = store.marker(warmup_id, 0, "warmup")["summary"]
+    console.print(f"warm-up {warmup_id}: accuracy {100 * warm['accuracy']:.1f}% after {warm['steps']} steps")
+
+    arms = {}
+    for algorithm in ARMS:
+        arm = config.model_copy(update={"algo": config.algo.model_copy(update={"algorithm": algorithm})})
+        path = outdir / f"{algorithm}.yaml"
+        path.write_text(yaml.safe_dump(arm.model_dump(mode="json"), sort_keys=False))
+        arms[algorithm] = (arm_run_id(arm, algorithm), path)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    children = {}
+    for algorithm, (run_id, path) in arms.items():
+        log = (outdir / f"{algorithm}.log").open("w")
+        command = [
+            sys.executable,
+            "-m",
+            "probepo.cli",
+            "train",
+            str(path),
+            "--run-id",
+            run_id,
+            "--store",
+            config.store,
+        ]
+        children[algorithm] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console) as progress:
+        bars = {a: progress.add_task(f"{a} ({arms[a][0][-8:]})", total=config.num_updates) for a in ARMS}
+        while any(child.poll() is None for child in children.values()):
+            for algorithm in ARMS:
+                progress.update(bars[algorithm], completed=_updates_done(store, arms[algorithm][0]))
+            time.sleep(POLL_S)
+        for algorithm in ARMS:
+            progress.update(bars[algorithm], completed=_updates_done(store, arms[algorithm][0]))
+    for algorithm, child in children.items():
+        if child.returncode != 0:
+            tail = (outdir / f"{algorithm}.log").read_text().splitlines()[-15:]
+            raise RuntimeError(
+                f"the {algorithm} arm failed (exit {child.returncode}); end of its log "
+                f"{outdir / f'{algorithm}.log'}:\n" + "\n".join(tail)
+            )
+
+    run_ids = [arms[a][0] for a in ARMS]
+    report = write_report(store, run_ids, outdir, title="Demo: GRPO vs ProbePO on the CPU testbed")
+    table = Table(
+        title=f"Held-out accuracy (Mean@{config.eval.samples_per_problem}, {config.eval.problems} problems)"
+    )
+    for column in ("arm", "start", "end", "gain (points)", "sampled tokens", "wall (s)"):
+        table.add_column(column)
+    for algorithm, run_id in zip(ARMS, run_ids, strict=True):
+        c = load_curves(store, run_id)
+        table.add_row(
+            algorithm,
+            f"{100 * c.accuracy[0]:.1f}%",
+            f"{100 * c.accuracy[-1]:.1f}%",
+            f"{c.gain_points:+.1f}",
+            f"{c.sampled_tokens[-1]:,.0f}",
+            f"{c.wall_s[-1]:.0f}",
+        )
+    console.print(table)
+    console.print(f"demo wall time {time.perf_counter() - started:.0f} s; plot {outdir / 'curves.png'}")
+    return report

@@ -1,0 +1,238 @@
+"""The CPU generation engine: batched sampling and prefix-forked probing with a KV cache, in plain torch.
+
+Every prefix of a call is encoded once (left-padded, per-row positions), its cache is forked into n
+rows, and all rows decode in lockstep until each has stopped, hit its limit, or finished its rescue.
+Probes are sorted by prefix length and chunked, so probing costs about its token count.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from torch import Tensor
+
+from probepo.engines.base import Completion, SamplingParams
+from probepo.models.gpt import GPT, WEIGHTS_FILE
+
+
+class TorchGenerationEngine:
+    """GenerationEngine on a GPT in this process. `max_batch_rows` caps the rows (prefixes × n) decoded
+    together: 256 made probing cost about its token count on one core (bench/sampler.py), where one
+    batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ."""
+
+    def __init__(self, model: GPT, *, max_batch_rows: int = 256) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        self.model = model.eval()
+        self.max_batch_rows = max_batch_rows
+
+    def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
+        """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
+        if not isinstance(source, dict):
+            path = Path(source)
+            source = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
+        self.model.load_state_dict(source)
+
+    def generate(
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
+    ) -> list[list[Completion]]:
+        """n samples per prompt (ids include BOS), each of at most params.max_tokens tokens."""
+        return self.continue_from(prompts, n, params, seed, [params.max_tokens] * len(prompts))
+
+    def continue_from(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: list[int],
+        *,
+        rescue_ids: Sequence[int] = (),
+        rescue_tokens: int = 0,
+    ) -> list[list[Completion]]:
+        """n continuations of each prefix; see GenerationEngine.continue_from."""
+        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
+        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
+        generator = torch.Generator().manual_seed(seed)
+        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        results: list[list[Completion]] = [[] for _ in prefixes]
+        with torch.inference_mode():
+            per_chunk = max(1, self.max_batch_rows // n)
+            for chunk in (order[i : i + per_chunk] for i in range(0, len(order), per_chunk)):
+                completions = self._decode(
+                    [prefixes[i] for i in chunk],
+                    n,
+                    params,
+                    torch.tensor([max_new_tokens[i] for i in chunk]),
+                    torch.tensor(list(rescue_ids), dtype=torch.long),
+                    rescue_len,
+                    generator,
+                )
+                for i, row in zip(chunk, completions, strict=True):
+                    results[i] = row
+        return results
+
+    def _check(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        max_new_tokens: list[int],
+        rescue_len: int,
+        rescue_ids: Sequence[int],
+    ) -> None:
+        config = self.model.config
+        if n < 1:
+            raise ValueError(f"n = {n}: must be >= 1")
+        if len(max_new_tokens) != len(prefixes):
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prefixes)} prefixes")
+        for name, seq in [("rescue_ids", rescue_ids), *((f"prefix {i}", p) for i, p in enumerate(prefixes))]:
+            bad = [t for t in seq if not 0 <= t < config.vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token ids outside [0, {config.vocab_size}): {bad[:5]}")
+        for i, (prefix, limit) in enumerate(zip(prefixes, max_new_tokens, strict=True)):
+            if not prefix:
+                raise ValueError(f"prefix {i} is empty (a prompt holds at least BOS)")
+            if limit < 0:
+                raise ValueError(f"max_new_tokens[{i}] = {limit}: must be >= 0")
+            if len(prefix) + limit + rescue_len > config.context:
+                raise ValueError(
+                    f"prefix {i}: {len(prefix)} tokens + {limit} new + {rescue_len} rescue exceed the model"
+                    f" context of {config.context} tokens"
+                )
+
+    def _decode(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        limits: Tensor,
+        rescue_ids: Tensor,
+        rescue_len: int,
+        generator: torch.Generator,
+    ) -> list[list[Completion]]:
+        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows
+        reaching it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens.
+        Finished rows are dropped from the batch once they are a quarter of it, so dead rows cost little."""
+        P, width = len(prefixes), max(map(len, prefixes))
+        lengths = torch.tensor([len(p) for p in prefixes])
+        ids = torch.zeros(P, width, dtype=torch.long)
+        for i, prefix in enumerate(prefixes):
+            ids[i, width - len(prefix) :] = torch.tensor(prefix)
+        new_max = int(limits.max()) + rescue_len
+        cache = self.model.new_cache(P, width + new_max)
+        pad = width - lengths
+        valid = torch.arange(width + new_max)[None, :] >= pad[:, None]  # [P, S]: left padding is invalid
+        positions = (torch.arange(width)[None, :] - pad[:, None]).clamp(min=0)
+        logits = self.model(ids, positions, valid, cache)[:, -1]
+
+        # fork: row r continues prefix r // n
+        R = P * n
+        cache = cache.expand(n)
+        logits = logits.repeat_interleave(n, dim=0)
+        rows = _Rows.start(*(x.repeat_interleave(n, dim=0) for x in (lengths, limits, valid)))
+        out = torch.zeros(R, new_max, dtype=torch.long)
+        count, stopped, rescued = (
+            torch.zeros(R, dtype=torch.long),
+            *(torch.zeros(R, dtype=torch.bool) for _ in "sr"),
+        )
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+
+        rows.update_phase(rescue_len)
+        for step in range(new_max):
+            if rows.done.any():
+                finished = rows.done
+                count[rows.ids[finished]] = rows.count[finished]
+                stopped[rows.ids[finished]] = rows.stopped[finished]
+                rescued[rows.ids[finished]] = rows.rescued[finished]
+                if finished.all():
+                    break
+                if 4 * int(finished.sum()) >= len(finished):  # compact: drop finished rows
+                    keep = (~finished).nonzero()[:, 0]
+                    rows, logits = rows.select(keep), logits[keep]
+                    cache = cache.select(keep)
+            token = sample_tokens(logits, params.temperature, params.top_p, generator)
+            forced = torch.zeros_like(rows.done)
+            if rows.rescued.any():
+                k = rows.count - rows.rescue_start
+                forced = rows.rescued & (k < len(rescue_ids))
+                token = torch.where(rows.rescued & ~forced, logits.argmax(-1), token)
+                if len(rescue_ids):
+                    token = torch.where(forced, rescue_ids[k.clamp(max=len(rescue_ids) - 1)], token)
+            active = ~rows.done
+            out[rows.ids, step] = torch.where(active, token, 0)
+            rows.count += active
+            hit_stop = active & ~forced & torch.isin(token, stop_ids)
+            rows.stopped |= hit_stop
+            rows.done |= hit_stop
+            rows.update_phase(rescue_len)
+            if rows.done.all():
+                continue  # the next iteration records the rows and stops
+            logits = self.model(token[:, None], (rows.lengths + step)[:, None], rows.valid, cache)[:, 0]
+        else:
+            count[rows.ids], stopped[rows.ids], rescued[rows.ids] = rows.count, rows.stopped, rows.rescued
+
+        return [
+            [
+                Completion(
+                    ids=out[r, : count[r]].tolist(),
+                    finish_reason="stop" if stopped[r] else "length",
+                    rescued=bool(rescued[r]),
+                )
+                for r in range(i * n, (i + 1) * n)
+            ]
+            for i in range(P)
+        ]
+
+
+@dataclass
+class _Rows:
+    """Decoding state of the rows still in the batch, each [R]; valid [R, S] marks real key slots."""
+
+    ids: Tensor  # row index in the call's output
+    lengths: Tensor  # prefix length: position of the first new token
+    limits: Tensor
+    valid: Tensor
+    count: Tensor  # tokens emitted
+    done: Tensor
+    stopped: Tensor
+    rescued: Tensor
+    rescue_start: Tensor  # count when the rescue began
+
+    @classmethod
+    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor) -> _Rows:
+        R = len(lengths)
+        zeros, false = torch.zeros(R, dtype=torch.long), torch.zeros(R, dtype=torch.bool)
+        return cls(
+            torch.arange(R), lengths, limits, valid, zeros, false, false.clone(), false.clone(), zeros.clone()
+        )
+
+    def select(self, keep: Tensor) -> _Rows:
+        return _Rows(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+    def update_phase(self, rescue_len: int) -> None:
+        """Rows at their limit enter the rescue (or finish without one); rescues that are over finish."""
+        at_limit = ~self.done & ~self.rescued & (self.count >= self.limits)
+        if rescue_len:
+            self.rescued |= at_limit
+            self.rescue_start = torch.where(at_limit, self.count, self.rescue_start)
+            self.done |= self.rescued & (self.count - self.rescue_start >= rescue_len)
+        else:
+            self.done |= at_limit
+
+
+def sample_tokens(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+    """One token per row of logits [R, V] → [R]: greedy at temperature 0, else a draw from the
+    temperature-scaled softmax restricted to its top-p nucleus (exponential race: argmax p / Exp(1))."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    if top_p < 1:
+        sorted_probs, index = probs.sort(dim=-1, descending=True)
+        outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p  # the first token always stays
+        probs = probs.masked_fill(outside.scatter(-1, index, outside), 0.0)
+    noise = torch.empty_like(probs).exponential_(generator=generator)
+    return (probs / noise).argmax(-1)

@@ -1,0 +1,205 @@
+"""The driver of a training run: for each update, run the stages that the ledger lacks, in order.
+
+The store is the single source of truth. A stage already committed is skipped, so running the same run id
+again resumes it; a stage interrupted mid-way continues from the partial progress it committed. The
+driver holds the run's lease so that no second driver works on the same run.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from probepo import __version__
+from probepo.config import RunConfig
+from probepo.stages import STAGES, stages_for_update, warmup
+from probepo.stages.context import Preempted, StageContext
+from probepo.store import AlreadyCommitted, ArtifactStore, Lease, LeaseHeld, acquire_lease, open_store
+
+LEASE_TTL_S = 600.0
+log = logging.getLogger(__name__)
+
+ProgressFn = Callable[[int, str, dict[str, Any]], None]
+"""Called after each stage with (update, stage, summary): the CLI draws progress bars with it."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+class StopFlag:
+    """Turns SIGUSR2/SIGTERM (preemption) into a flag that stages poll at safe points."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def __call__(self) -> bool:
+        return self.raised
+
+    @contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        def _raise(signum: int, frame: object) -> None:
+            self.raised = True
+
+        previous = {s: signal.signal(s, _raise) for s in (signal.SIGUSR2, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+
+def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None) -> dict[str, Any]:
+    """Run one stage unless the ledger already holds it; returns its committed summary.
+
+    Each attempt leaves a record in the store: written as "running" before the stage starts (so an
+    attempt killed outright is still visible) and replaced with its outcome when it ends.
+    """
+    store, run_id, update = ctx.store, ctx.run_id, ctx.update
+    marker = store.marker(run_id, update, stage)
+    if marker is None:
+        record: dict[str, Any] = {
+            "job_id": os.environ.get("SLURM_JOB_ID"),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+            "start": _now(),
+            "outcome": "running",
+        }
+        attempt = store.record_attempt(run_id, update, stage, record)
+        ctx.stage_started = time.perf_counter()
+        try:
+            STAGES[stage](ctx)
+            record["outcome"] = "committed"
+        except AlreadyCommitted:
+            record["outcome"] = "lost-race"  # another attempt won; its commit is the truth
+        except Preempted:
+            record["outcome"] = "preempted"
+            raise
+        except BaseException as exc:
+            record["outcome"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+            raise
+        finally:
+            record["end"] = _now()
+            store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
+        marker = store.marker(run_id, update, stage)
+        if marker is None:
+            raise RuntimeError(
+                f"stage {stage} of update {update} of run {run_id} returned without committing"
+            )
+    summary = dict(marker.get("summary") or {})
+    if progress is not None:
+        progress(update, stage, summary)
+    return summary
+
+
+def run_record(config: RunConfig, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """What run.json freezes: the config (or some of its parts) and the code version. Where the store
+    lives is not part of a run's recipe: a run may be moved or resumed from another store URL."""
+    frozen = config.model_dump(mode="json", exclude={"store"})
+    if parts is not None:
+        frozen = {name: frozen[name] for name in parts}
+    return {"config": frozen, "code_version": __version__}
+
+
+def train(
+    config: RunConfig,
+    run_id: str,
+    *,
+    store: ArtifactStore | None = None,
+    progress: ProgressFn | None = None,
+    tensorboard_dir: Path | None = None,
+) -> list[dict[str, Any]]:
+    """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics, one record per update.
+
+    The run's frozen config in the store wins over `config` when they differ (resume never silently
+    changes a run's recipe): a mismatch raises RunConfigMismatch naming the fields.
+    """
+    store = store or open_store(config.store)
+    ensure_warmup(config, store, progress)
+    store.create_run(run_id, run_record(config))
+    logged = {int(m["update"]) for m in store.read_metrics(run_id)}
+    writer = _tensorboard(tensorboard_dir)
+    flag = StopFlag()
+    with (
+        flag.installed(),
+        take_lease(store, run_id) as lease,
+        tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
+    ):
+        for update in range(config.num_updates + 1):
+            ctx = StageContext(store, run_id, update, config, Path(scratch), should_stop=flag)
+            record: dict[str, Any] = {"update": update}
+            for stage in stages_for_update(config, update):
+                summary = run_stage(ctx, stage, progress)
+                record.update({f"{stage}/{key}": value for key, value in summary.items()})
+                lease.renew()
+            if update not in logged:
+                store.append_metrics(run_id, record)
+                if writer is not None:
+                    for key, value in record.items():
+                        if isinstance(value, int | float) and key != "update":
+                            writer.add_scalar(key, value, update)
+                    writer.flush()
+    return store.read_metrics(run_id)
+
+
+def driver_id() -> str:
+    """Who drives the run: the SLURM job (a requeued job keeps its id, so it keeps its lease) or host:pid."""
+    job = os.environ.get("SLURM_JOB_ID")
+    return f"slurm-job-{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
+
+
+def _holder_is_dead(lease: dict[str, Any]) -> bool:
+    """Whether a lease's holder was a process of this host that no longer exists (killed, crashed)."""
+    if lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
+        return False
+    try:
+        os.kill(lease["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+def take_lease(store: ArtifactStore, run_id: str) -> Lease:
+    """The run's lease for this driver; a lease left by a dead process of this host is taken over."""
+    try:
+        return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S)
+    except LeaseHeld as held:
+        if not _holder_is_dead(held.lease):
+            raise
+        log.warning(
+            "run %s: taking over the lease of %s (its process is gone)", run_id, held.lease.get("holder")
+        )
+        return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S, force=True)
+
+
+def ensure_warmup(config: RunConfig, store: ArtifactStore, progress: ProgressFn | None = None) -> str:
+    """Run the warm-up unless its checkpoint is already committed; returns the warm-up run's id."""
+    run_id = warmup.warmup_run_id(config)
+    if store.committed(run_id, 0, warmup.STAGE):
+        return run_id
+    store.create_run(run_id, run_record(config, parts=warmup.KEY_FIELDS))
+    with (
+        take_lease(store, run_id),
+        tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
+    ):
+        run_stage(StageContext(store, run_id, 0, config, Path(scratch)), warmup.STAGE, progress)
+    return run_id
+
+
+def _tensorboard(logdir: Path | None):
+    if logdir is None:
+        return None
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(str(logdir))

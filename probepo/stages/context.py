@@ -1,0 +1,73 @@
+"""What a stage sees: the store, its place in the run, the run's config, and a stop flag.
+
+A stage reads and writes only through the store, derives all randomness from (run seed, update, stage),
+and never imports Prefect or submitit, so it runs the same inline, in a subprocess or in a SLURM job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from probepo.config import RunConfig
+from probepo.faults import crash_point
+from probepo.store import ArtifactStore
+
+
+def derive_seed(*parts: object) -> int:
+    """A 63-bit seed from any parts (stable across processes and Python versions, unlike hash())."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+class Preempted(RuntimeError):
+    """A stage stopped at a safe point after a preemption signal; its partial progress is committed."""
+
+
+def _never() -> bool:
+    return False
+
+
+@dataclass
+class StageContext:
+    """One stage of one update of one run."""
+
+    store: ArtifactStore
+    run_id: str
+    update: int
+    config: RunConfig
+    scratch: Path
+    """A local folder for temporary files (large checkpoints are written here, then committed)."""
+    should_stop: Callable[[], bool] = field(default=_never)
+    """True once a preemption signal arrived: stages check it at safe points and commit partial progress."""
+    stage_started: float = field(default_factory=time.perf_counter)
+    """When the running stage started (perf_counter); commits record the wall time since then."""
+
+    def seed(self, stage: str, *extra: object) -> int:
+        """The seed of this stage of this update: the same on every attempt, so a rerun is bitwise equal."""
+        return derive_seed(self.config.seed, self.update, stage, *extra)
+
+    def read(self, stage: str, update: int | None = None) -> Mapping[str, bytes]:
+        """Files of a committed stage (checksums verified by the store)."""
+        return self.store.read_stage(self.run_id, self.update if update is None else update, stage)
+
+    def commit(
+        self,
+        stage: str,
+        files: Mapping[str, bytes | PathLike[str]],
+        summary: Mapping[str, Any],
+        update: int | None = None,
+    ) -> dict:
+        """Commit a stage's (or a partial sub-stage's) outputs; returns the marker. The summary gets the
+        stage's wall time so far (`wall_s`)."""
+        update = self.update if update is None else update
+        summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
+        crash_point(update, stage, "before-commit")
+        marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+        crash_point(update, stage, "after-commit")
+        return marker

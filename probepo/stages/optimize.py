@@ -1,0 +1,63 @@
+"""Optimize: PPO-clip on the backbone responses of update k; commits policy k + 1 (weights and optimizer).
+
+After every mini-batch but the last, the trainer state is committed as a sub-stage `optimize.part-NNNN`,
+so a run killed inside the optimizer resumes from the next mini-batch and ends bitwise identical.
+"""
+
+from __future__ import annotations
+
+from probepo.engines.base import TrainBatch
+from probepo.stages.advantage import ADVANTAGES
+from probepo.stages.common import POLICY_FILES, Rollouts, fetch_policy, read_tensors, trainer_engine
+from probepo.stages.context import Preempted, StageContext
+from probepo.stages.score import SCORES
+
+STAGE = "optimize"
+
+
+def part_name(minibatch: int) -> str:
+    return f"{STAGE}.part-{minibatch:04d}"
+
+
+def _metrics(part_summary: dict) -> dict[str, float]:
+    """A committed part's optimizer metrics (its summary, less the commit's own wall time)."""
+    return {key: value for key, value in part_summary.items() if key != "wall_s"}
+
+
+def run(ctx: StageContext) -> None:
+    rollouts = Rollouts.read(ctx)
+    batch = TrainBatch(
+        prompts=rollouts.prompts,
+        responses=rollouts.responses,
+        old_logp=read_tensors(ctx, "score", SCORES)["logp"],
+        advantages=read_tensors(ctx, "advantage", ADVANTAGES)["advantages"],
+    )
+    seed = ctx.seed(STAGE)
+    done = sorted(
+        s for s in ctx.store.committed_stages(ctx.run_id, ctx.update) if s.startswith(f"{STAGE}.part-")
+    )
+    history = [_metrics(ctx.store.marker(ctx.run_id, ctx.update, s)["summary"]) for s in done]
+    start = len(done)
+    checkpoint = fetch_policy(ctx, ctx.update, done[-1]) if done else None
+    engine = trainer_engine(ctx, checkpoint)
+    n_minibatches = len(engine.minibatches(len(batch.responses), seed))
+
+    def commit_part(index: int, metrics: dict[str, float]) -> None:
+        history.append(metrics)
+        if index == n_minibatches - 1:
+            return  # the last mini-batch's state is the stage's own commit
+        folder = ctx.scratch / part_name(index)
+        engine.save(folder)
+        ctx.commit(part_name(index), {name: folder / name for name in POLICY_FILES}, metrics)
+        if ctx.should_stop():
+            raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; progress committed")
+
+    engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
+    folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
+    engine.save(folder)
+    summary = {
+        key: sum(h[key] for h in history) / len(history) for key in history[0] if not key.endswith("_max")
+    }
+    summary |= {key: max(h[key] for h in history) for key in history[0] if key.endswith("_max")}
+    summary["minibatches"] = len(history)
+    ctx.commit(STAGE, {name: folder / name for name in POLICY_FILES}, summary)

@@ -1,0 +1,69 @@
+"""Probe: K continuations from each selected prefix, graded; prefix values shrunk toward the group mean.
+
+Probe continuations are measurements only: they never enter the training batch. A continuation cut off
+at the response length limit gets a cutoff rescue (the task's answer suffix, then a few greedy tokens);
+its value then estimates the rescue policy, not the unmodified actor, and the rescued fraction is reported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from probepo.algo.advantage import group_stats, shrink_values
+from probepo.stages.common import Rollouts, generation_engine, read_tensors, sampling_params, task_of
+from probepo.stages.context import StageContext
+from probepo.stages.select import PIVOTS
+from probepo.store.formats import tensors_to_bytes
+
+STAGE = "probe"
+VALUES = "values.safetensors"
+
+
+def run(ctx: StageContext) -> None:
+    algo = ctx.config.algo
+    rollouts = Rollouts.read(ctx)
+    pivots = read_tensors(ctx, "select", PIVOTS)["pivot_pos"]
+    successes = torch.zeros(pivots.shape, dtype=torch.float64)
+    trials = torch.zeros(pivots.shape, dtype=torch.float64)
+    rescued = torch.zeros(pivots.shape, dtype=torch.float64)
+    rows, slots = (pivots >= 0).nonzero(as_tuple=True)
+    generated = 0
+    if len(rows):
+        task = task_of(ctx)
+        params = sampling_params(ctx, task)
+        cuts = pivots[rows, slots].tolist()
+        prefixes = [
+            rollouts.prompts[r] + rollouts.responses[r][:t] for r, t in zip(rows.tolist(), cuts, strict=True)
+        ]
+        budgets = [params.max_tokens - t for t in cuts]  # probes share the backbone's response length limit
+        rescue_ids = task.tokenizer.encode(algo.rescue_suffix) if algo.rescue_tokens else []
+        continuations = generation_engine(ctx).continue_from(
+            prefixes,
+            algo.continuations_per_pivot,
+            params,
+            ctx.seed(STAGE),
+            budgets,
+            rescue_ids=rescue_ids,
+            rescue_tokens=algo.rescue_tokens,
+        )
+        for row, slot, t, samples in zip(rows.tolist(), slots.tolist(), cuts, continuations, strict=True):
+            head = rollouts.responses[row][:t]
+            for sample in samples:
+                successes[row, slot] += task.verify(
+                    task.tokenizer.decode(head + sample.ids), rollouts.problems[row]
+                )
+                rescued[row, slot] += sample.rescued
+                generated += len(sample.ids)
+            trials[row, slot] = len(samples)
+    mean, _ = group_stats(rollouts.rewards, rollouts.group)
+    kappa = 0.0 if algo.algorithm == "vineppo" else algo.kappa
+    values = shrink_values(successes, trials, mean[:, None], kappa=kappa)
+    continuations_total = int(trials.sum())
+    summary = {
+        "continuations": continuations_total,
+        "tokens": generated,
+        "rescued_fraction": float(rescued.sum()) / continuations_total if continuations_total else 0.0,
+        "success_rate": float(successes.sum()) / continuations_total if continuations_total else 0.0,
+    }
+    tensors = {"values": values, "successes": successes, "trials": trials, "rescued": rescued}
+    ctx.commit(STAGE, {VALUES: tensors_to_bytes(tensors)}, summary)

@@ -1,0 +1,57 @@
+"""Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier."""
+
+from __future__ import annotations
+
+from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
+from probepo.stages.context import StageContext
+from probepo.store.formats import table_to_parquet
+
+STAGE = "sample"
+
+
+def run(ctx: StageContext) -> None:
+    cfg = ctx.config
+    task = task_of(ctx)
+    problems = task.batch(cfg.seed, ctx.update, cfg.prompts_per_update)
+    prompts = [task.prompt_ids(p) for p in problems]
+    groups = generation_engine(ctx).generate(
+        prompts, cfg.group_size, sampling_params(ctx, task), ctx.seed(STAGE)
+    )
+    rows: dict[str, list] = {
+        k: []
+        for k in (
+            "group",
+            "prompt_ids",
+            "response_ids",
+            "finish_reason",
+            "reward",
+            "prompt",
+            "answer",
+            "solution",
+            "text",
+        )
+    }
+    for index, (problem, prompt, completions) in enumerate(zip(problems, prompts, groups, strict=True)):
+        for completion in completions:
+            text = task.tokenizer.decode(completion.ids)
+            rows["group"].append(index)
+            rows["prompt_ids"].append(prompt)
+            rows["response_ids"].append(completion.ids)
+            rows["finish_reason"].append(completion.finish_reason)
+            rows["reward"].append(task.verify(text, problem))
+            rows["prompt"].append(problem.prompt)
+            rows["answer"].append(problem.answer)
+            rows["solution"].append(problem.solution)
+            rows["text"].append(text)
+    rewards, lengths = rows["reward"], [len(r) for r in rows["response_ids"]]
+    group_means = [
+        sum(rewards[i : i + cfg.group_size]) / cfg.group_size for i in range(0, len(rewards), cfg.group_size)
+    ]
+    summary = {
+        "reward_mean": sum(rewards) / len(rewards),
+        "finished_fraction": rows["finish_reason"].count("stop") / len(rewards),
+        "response_len_mean": sum(lengths) / len(lengths),
+        "tokens": sum(lengths),
+        "uniform_group_fraction": sum(m in (0.0, 1.0) for m in group_means) / len(group_means),
+    }
+    ctx.commit(STAGE, {ROLLOUTS: table_to_parquet(rows)}, summary)

@@ -1,0 +1,21 @@
+"""Score: one forward pass of policy k over the rollouts: old log-probs (PPO ratio) and full-vocabulary
+entropies (the pivot selector), logits divided by the sampling temperature."""
+
+from __future__ import annotations
+
+from probepo.stages.common import Rollouts, trainer_engine
+from probepo.stages.context import StageContext
+from probepo.store.formats import tensors_to_bytes
+
+STAGE = "score"
+SCORES = "scores.safetensors"
+
+
+def run(ctx: StageContext) -> None:
+    rollouts = Rollouts.read(ctx)
+    logp, entropy, mask = trainer_engine(ctx).score(rollouts.prompts, rollouts.responses)
+    summary = {
+        "entropy_mean": float(entropy[mask].mean()) if mask.any() else 0.0,
+        "logp_mean": float(logp[mask].mean()) if mask.any() else 0.0,
+    }
+    ctx.commit(STAGE, {SCORES: tensors_to_bytes({"logp": logp, "entropy": entropy, "mask": mask})}, summary)

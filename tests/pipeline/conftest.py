@@ -1,0 +1,32 @@
+"""A tiny CPU-testbed recipe and a shared store, so pipeline tests take seconds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from probepo.config import RunConfig
+from probepo.pipeline import ensure_warmup
+from probepo.store import ArtifactStore, open_store
+
+
+def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
+    """4 prompts × 4 responses, 2 updates, a one-check warm-up, 16 eval problems."""
+    data = RunConfig().model_dump()
+    data.update(num_updates=2, prompts_per_update=4, group_size=4)
+    data["warmup"].update(accuracy_low=0.0, check_every=2, check_problems=16)
+    data["eval"].update(problems=16, every=1)
+    data["optim"].update(minibatch_size=6, microbatch_size=4)  # 16 responses -> 3 mini-batches
+    data["algo"].update(algorithm=algorithm, max_pivots=2, continuations_per_pivot=3)
+    data.update(fields)
+    return RunConfig.model_validate(data)
+
+
+@pytest.fixture(scope="session")
+def warm_store(tmp_path_factory: pytest.TempPathFactory) -> ArtifactStore:
+    """A local store holding the tiny recipe's warm-up checkpoint (made once per session)."""
+    folder: Path = tmp_path_factory.mktemp("store")
+    store = open_store(folder)
+    ensure_warmup(tiny_config(), store)
+    return store

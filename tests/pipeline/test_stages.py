@@ -1,0 +1,110 @@
+"""Every stage on the CPU testbed, one run per algorithm, checked through what the store holds."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from probepo.algo.advantage import group_advantages, group_stats
+from probepo.data import build_task
+from probepo.pipeline import train
+from probepo.stages import TRAINING_STAGES, warmup
+from probepo.store import ArtifactStore
+from probepo.store.formats import table_from_parquet, tensors_from_bytes
+from tests.pipeline.conftest import tiny_config
+
+
+def _tensors(store: ArtifactStore, run: str, update: int, stage: str, name: str) -> dict[str, torch.Tensor]:
+    return tensors_from_bytes(store.read_stage(run, update, stage)[name])
+
+
+@pytest.fixture(scope="module")
+def runs(warm_store: ArtifactStore) -> dict[str, list[dict]]:
+    return {
+        algo: train(tiny_config(algo), f"stages-{algo}", store=warm_store)
+        for algo in ("grpo", "probepo", "vineppo")
+    }
+
+
+def test_every_stage_committed_once_per_update(runs, warm_store):
+    for algo in runs:
+        entries = warm_store.ledger_entries(f"stages-{algo}")
+        assert {"init", "evaluate", *TRAINING_STAGES} <= set(entries[0])
+        assert {"evaluate", *TRAINING_STAGES} <= set(entries[1])
+        assert entries[2] == ["evaluate"]  # after the last update only the final evaluation
+        for update, stages in entries.items():
+            for stage in stages:
+                outcomes = [a["outcome"] for a in warm_store.attempts(f"stages-{algo}", update, stage)]
+                assert outcomes.count("committed") <= 1
+
+
+def test_metrics_one_record_per_update(runs):
+    for metrics in runs.values():
+        assert [m["update"] for m in metrics] == [0, 1, 2]
+        assert all("evaluate/accuracy" in m for m in metrics)
+        assert 0.0 <= metrics[0]["sample/reward_mean"] <= 1.0
+
+
+def test_rollouts_are_the_backbone_batch(runs, warm_store):
+    table = table_from_parquet(warm_store.read_stage("stages-probepo", 0, "sample")["rollouts.parquet"])
+    assert len(table["response_ids"]) == 16
+    assert np.bincount(np.asarray(table["group"])).tolist() == [4, 4, 4, 4]
+    assert set(np.asarray(table["reward"]).tolist()) <= {0.0, 1.0}
+
+
+def test_grpo_probes_nothing(runs, warm_store):
+    assert warm_store.marker("stages-grpo", 0, "probe")["summary"]["continuations"] == 0
+    assert _tensors(warm_store, "stages-grpo", 0, "select", "pivots.safetensors")["pivot_pos"].numel() == 0
+
+
+def test_probepo_budget_and_token_mean(runs, warm_store):
+    run = "stages-probepo"
+    pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
+    per_group = (pivots >= 0).sum(1).view(4, 4).sum(1)
+    assert (per_group <= 2).all()
+    probe = warm_store.marker(run, 0, "probe")["summary"]
+    assert probe["continuations"] == int((pivots >= 0).sum()) * 3
+    # Probe continuations are measurements: the optimizer's batch is the 16 backbone responses.
+    table = table_from_parquet(warm_store.read_stage(run, 0, "sample")["rollouts.parquet"])
+    rewards = torch.tensor(np.asarray(table["reward"]), dtype=torch.float64)
+    group = torch.tensor(np.asarray(table["group"]))
+    advantages = _tensors(warm_store, run, 0, "advantage", "advantages.safetensors")["advantages"].double()
+    assert advantages.shape[0] == 16
+    lengths = torch.tensor([len(r) for r in table["response_ids"]])
+    token_mean = advantages.sum(1) / lengths
+    torch.testing.assert_close(token_mean, group_advantages(rewards, group), atol=1e-5, rtol=0)
+    values = _tensors(warm_store, run, 0, "probe", "values.safetensors")
+    mean, _ = group_stats(rewards, group)
+    expected = (values["successes"] + 4.0 * mean[:, None]) / (values["trials"] + 4.0)
+    present = pivots >= 0
+    torch.testing.assert_close(values["values"][present], expected[present])
+
+
+def test_vineppo_probes_every_boundary(runs, warm_store):
+    run = "stages-vineppo"
+    task = build_task(tiny_config().task)
+    table = table_from_parquet(warm_store.read_stage(run, 0, "sample")["rollouts.parquet"])
+    pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
+    finished = np.asarray(table["finish_reason"]) == "stop"
+    group = np.asarray(table["group"])
+    for row, response in enumerate(table["response_ids"]):
+        ends = task.step_end(list(response))
+        boundaries = {t for t in range(1, len(response)) if ends[t - 1]}
+        chosen = {int(t) for t in pivots[row] if t >= 0}
+        # Every boundary, except in groups whose responses are all unfinished (skipped).
+        assert chosen == (boundaries if finished[group == group[row]].any() else set())
+    assert warm_store.marker(run, 0, "probe")["summary"]["continuations"] == int((pivots >= 0).sum()) * 3
+
+
+def test_warmup_is_reused(warm_store):
+    run_id = warmup.warmup_run_id(tiny_config())
+    assert [a["outcome"] for a in warm_store.attempts(run_id, 0, "warmup")] == ["committed"]
+    assert warm_store.marker(run_id, 0, "warmup")["summary"]["accuracy"] >= 0.0
+
+
+def test_finished_run_is_a_no_op(runs, warm_store):
+    before = len(warm_store.attempts("stages-grpo"))
+    metrics = train(tiny_config("grpo"), "stages-grpo", store=warm_store)
+    assert metrics == runs["grpo"]
+    assert len(warm_store.attempts("stages-grpo")) == before

@@ -1,0 +1,128 @@
+"""The synthetic task: determinism, disjoint splits, tokenizer, strict verifier, step boundaries."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from probepo.config import TaskConfig
+from probepo.data import ModChainTask, build_task
+from probepo.data.task import split_of
+
+TASK = ModChainTask(steps=6, modulus=10, ops="+-", seed=3)
+TOK = TASK.tokenizer
+
+
+def test_problems_are_deterministic_and_seeded():
+    again = ModChainTask(steps=6, modulus=10, ops="+-", seed=3)
+    other = ModChainTask(steps=6, modulus=10, ops="+-", seed=4)
+    first = [TASK.problem(i, "train") for i in range(20)]
+    assert first == [again.problem(i, "train") for i in range(20)]
+    assert first != [other.problem(i, "train") for i in range(20)]
+    assert TASK.batch(7, 2, 16) == again.batch(7, 2, 16)
+    assert TASK.batch(7, 2, 16) != TASK.batch(7, 3, 16)
+
+
+def test_splits_are_disjoint():
+    train = {TASK.problem(i, "train").prompt for i in range(300)}
+    evals = {TASK.problem(i, "eval").prompt for i in range(300)}
+    assert not train & evals
+    assert {split_of(p) for p in train} == {"train"} and {split_of(p) for p in evals} == {"eval"}
+
+
+def reference_answer(prompt, modulus):
+    """Left-to-right evaluation of `n op n op … =`, independent of the task's own code."""
+    tokens = prompt[:-1]
+    acc, i = int(tokens[0]), 1
+    while i < len(tokens):
+        op, n = tokens[i], int(tokens[i + 1])
+        acc = {"+": acc + n, "-": acc - n, "*": acc * n}[op] % modulus
+        i += 2
+    return str(acc)
+
+
+@pytest.mark.parametrize("ops", ["+-", "+-*", "*"])
+def test_worked_solutions_are_right_and_score_one(ops):
+    task = ModChainTask(steps=5, modulus=10, ops=ops, seed=1)
+    for i in range(50):
+        p = task.problem(i, "train")
+        assert p.answer == reference_answer(p.prompt, 10)
+        assert p.solution.count(";") == 5 and p.solution.endswith(">" + p.answer)
+        assert set(p.prompt[1:-1:2]) <= set(ops)
+        assert task.verify(task.tokenizer.decode(task.solution_ids(p)), p) == 1.0
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "3+5=8;",  # no answer
+        ">{a}",  # no EOS
+        ">{a}$$",
+        ">{a}$;",  # text after EOS
+        ">{a}>{a}$",  # two answers
+        ">0{a}$",  # leading zero
+        ">{a}7$",
+        "3+5=8;>{a} $",
+        "^>{a}$",  # BOS inside
+        "",
+    ],
+)
+def test_verifier_rejects_malformed(text):
+    problem = TASK.problem(0, "train")
+    assert TASK.verify(text.format(a=problem.answer), problem) == 0.0
+
+
+def test_verifier_rewards_the_answer_not_the_chain():
+    problem = TASK.problem(1, "train")
+    wrong = str((int(problem.answer) + 1) % 10)
+    assert TASK.verify(f"1+1=5;>{problem.answer}$", problem) == 1.0
+    assert TASK.verify(f">{problem.answer}$", problem) == 1.0
+    assert TASK.verify(problem.solution[:-1] + wrong + "$", problem) == 0.0
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(alphabet="0123456789+-*=;>$^_ab\n", max_size=60))
+def test_verifier_never_crashes_and_scores_zero_or_one(text):
+    assert TASK.verify(text, TASK.problem(2, "train")) in (0.0, 1.0)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789+-*=;>", max_size=60))
+def test_tokenizer_round_trip(text):
+    ids = TOK.encode(text)
+    assert TOK.decode(ids) == text and len(ids) == len(text)
+    assert TOK.encode(TOK.decode([1, *ids, 2, 0])) == [1, *ids, 2, 0]
+
+
+def test_tokenizer_names_bad_characters_and_ids():
+    with pytest.raises(ValueError, match=r"'x' at position 3"):
+        TOK.encode("1+2x=")
+    with pytest.raises(ValueError, match="token id 19"):
+        TOK.decode([19])
+    assert TOK.vocab_size == 19 and (TOK.pad_id, TOK.bos_id, TOK.eos_id) == (0, 1, 2)
+    assert TOK.token_texts([1, 3, 2]) == ["^", "0", "$"]
+
+
+def test_step_end_marks_semicolons():
+    ids = [*TOK.encode("3+5=8;8-2=6;>6"), TOK.eos_id]
+    marks = TASK.step_end(ids)
+    assert [i for i, m in enumerate(marks) if m] == [5, 11]
+
+
+def test_prompt_ids_start_with_bos():
+    problem = TASK.problem(0, "eval")
+    assert TASK.prompt_ids(problem) == [TOK.bos_id, *TOK.encode(problem.prompt)]
+    assert TASK.solution_ids(problem)[-1] == TOK.eos_id
+
+
+def test_bad_split_index_and_config_are_named():
+    with pytest.raises(ValueError, match="split"):
+        TASK.problem(0, "test")
+    with pytest.raises(ValueError, match="index"):
+        TASK.problem(-1, "train")
+    with pytest.raises(ValidationError, match="ops"):
+        TaskConfig(ops="+/")
+    with pytest.raises(ValidationError, match="modulus"):
+        TaskConfig(modulus=1)
+    task = build_task(TaskConfig(steps=2, modulus=7, ops="*", seed=1))
+    assert task.problem(0, "train").prompt.count("*") == 2
