@@ -12,6 +12,7 @@ import typer
 import yaml
 
 from probepo.config import RunConfig, load_run_config
+from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.store import StoreError, open_store
 from probepo.store.cli import StoreOption, store_app, store_url
 
@@ -71,6 +72,9 @@ def _train(config: RunConfig, run_id: str, store: str | None, tensorboard: Path 
         )
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
+    except Preempted as exc:
+        typer.echo(f"preempted: {exc}; resume with `probepo resume {run_id}`", err=True)
+        raise typer.Exit(PREEMPTED_EXIT) from None
     evals = [m for m in metrics if "evaluate/accuracy" in m]
     if evals:
         first, last = evals[0]["evaluate/accuracy"], evals[-1]["evaluate/accuracy"]
@@ -141,9 +145,7 @@ def demo(
     from probepo.demo import run_demo
 
     try:
-        run_config = load_run_config(config, seed=seed)
-        if store is not None:
-            run_config = run_config.model_copy(update={"store": store})
+        run_config = load_run_config(config, seed=seed, **({"store": store} if store else {}))
         report = run_demo(run_config, config, outdir)
     except (OSError, ValueError, StoreError, RuntimeError) as exc:
         raise _fail(str(exc)) from None

@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from probepo.config import RunConfig
+from probepo.config import RunConfig, with_overrides
 from probepo.pipeline import ensure_warmup
 from probepo.report import load_curves, write_report
 from probepo.store import ArtifactStore, StoreError, open_store
@@ -30,7 +30,7 @@ POLL_S = 1.0
 
 def arm_run_id(config: RunConfig, algorithm: str) -> str:
     """A run id that names the arm and the recipe: the same preset maps to the same run."""
-    recipe = config.model_copy(update={"store": ""}).model_dump_json()
+    recipe = config.model_dump_json(exclude={"store"})
     return f"demo-{algorithm}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
 
 
@@ -54,7 +54,7 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
 
     arms = {}
     for algorithm in ARMS:
-        arm = config.model_copy(update={"algo": config.algo.model_copy(update={"algorithm": algorithm})})
+        arm = with_overrides(config, **{"algo.algorithm": algorithm})
         path = outdir / f"{algorithm}.yaml"
         path.write_text(yaml.safe_dump(arm.model_dump(mode="json"), sort_keys=False))
         arms[algorithm] = (arm_run_id(arm, algorithm), path)
@@ -72,6 +72,8 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
             run_id,
             "--store",
             config.store,
+            "--tensorboard",
+            str(outdir / "tensorboard" / algorithm),
         ]
         children[algorithm] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import socket
 import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from probepo import __version__
 from probepo.config import RunConfig
+from probepo.preemption import Preempted, StopFlag
 from probepo.stages import STAGES, stages_for_update, warmup
-from probepo.stages.context import Preempted, StageContext
+from probepo.stages.context import StageContext
 from probepo.store import AlreadyCommitted, ArtifactStore, Lease, LeaseHeld, acquire_lease, open_store
 
 LEASE_TTL_S = 600.0
@@ -34,28 +33,6 @@ ProgressFn = Callable[[int, str, dict[str, Any]], None]
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-class StopFlag:
-    """Turns SIGUSR2/SIGTERM (preemption) into a flag that stages poll at safe points."""
-
-    def __init__(self) -> None:
-        self.raised = False
-
-    def __call__(self) -> bool:
-        return self.raised
-
-    @contextmanager
-    def installed(self) -> Iterator[StopFlag]:
-        def _raise(signum: int, frame: object) -> None:
-            self.raised = True
-
-        previous = {s: signal.signal(s, _raise) for s in (signal.SIGUSR2, signal.SIGTERM)}
-        try:
-            yield self
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
 
 
 def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None) -> dict[str, Any]:

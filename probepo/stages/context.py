@@ -25,10 +25,6 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-class Preempted(RuntimeError):
-    """A stage stopped at a safe point after a preemption signal; its partial progress is committed."""
-
-
 def _never() -> bool:
     return False
 

@@ -7,9 +7,10 @@ so a run killed inside the optimizer resumes from the next mini-batch and ends b
 from __future__ import annotations
 
 from probepo.engines.base import TrainBatch
+from probepo.preemption import Preempted
 from probepo.stages.advantage import ADVANTAGES
 from probepo.stages.common import POLICY_FILES, Rollouts, fetch_policy, read_tensors, trainer_engine
-from probepo.stages.context import Preempted, StageContext
+from probepo.stages.context import StageContext
 from probepo.stages.score import SCORES
 
 STAGE = "optimize"

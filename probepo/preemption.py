@@ -1,0 +1,38 @@
+"""Preemption: SLURM sends SIGUSR2 (or SIGTERM) before it takes a node back. The driver turns the signal
+into a flag; stages poll it at safe points, commit their partial progress, and raise Preempted; the job
+exits with PREEMPTED_EXIT so the scheduler requeues it, and the run resumes from the store."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+PREEMPTED_EXIT = 75
+"""Exit status after a preemption (EX_TEMPFAIL): progress is committed, the job should be requeued."""
+
+
+class Preempted(RuntimeError):
+    """A stage stopped at a safe point after a preemption signal; its partial progress is committed."""
+
+
+class StopFlag:
+    """Turns SIGUSR2/SIGTERM (preemption) into a flag that stages poll at safe points."""
+
+    def __init__(self) -> None:
+        self.raised = False
+
+    def __call__(self) -> bool:
+        return self.raised
+
+    @contextmanager
+    def installed(self) -> Iterator[StopFlag]:
+        def _raise(signum: int, frame: object) -> None:
+            self.raised = True
+
+        previous = {s: signal.signal(s, _raise) for s in (signal.SIGUSR2, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)

@@ -1,0 +1,75 @@
+"""probepo.config.AlgoConfig: the study's recipe as defaults; invalid values rejected naming the field."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import ValidationError
+
+from probepo.config import AlgoConfig, RunConfig, with_overrides
+
+
+def test_defaults_are_the_study_recipe():
+    config = AlgoConfig()
+    recipe = {
+        "algorithm": "probepo",
+        "advantage_scale": "std",  # §1: Bessel std + ε
+        "advantage_eps": 1e-6,
+        "selector": "entropy",
+        "entropy_window": 8,  # §2.3: W = 8
+        "margin": 8,  # §2.2 choice
+        "max_pivots": 5,  # §2.4: 5 pivots × 8 continuations ≤ 40 per group
+        "continuations_per_pivot": 8,
+        "probe_budget": 40,
+        "min_spacing": 16,  # §2.4 choice
+        "kappa": 4.0,  # §3: κ = 4
+        "residual_weight": 1.0,  # §4: λ = 1
+        "residual_scale": "reward",
+        "residual_std_floor": 0.1,
+        "probe_uniform_groups": True,
+        "rescue_suffix": "\n\nFinal answer: \\boxed{",
+        "rescue_tokens": 32,
+        "clip_low": 0.2,  # §5
+        "clip_high": 0.2,
+        "logratio_clamp": 20.0,
+        "loss_agg": "token-mean",
+        "kl_coef": 0.0,
+    }
+    assert config.model_dump() == recipe
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"kappa": -1.0}, "kappa"),
+        ({"entropy_window": 0}, "entropy_window"),
+        ({"min_spacing": 0}, "min_spacing"),
+        ({"clip_low": 1.0}, "clip_low"),
+        ({"advantage_eps": 0.0}, "advantage_eps"),
+        ({"loss_agg": "sum"}, "loss_agg"),
+        ({"selector": "greedy"}, "selector"),
+        ({"kapa": 4.0}, "kapa"),  # a typo is an error, not a silently ignored field
+        ({"max_pivots": 6}, "max_pivots"),  # 6 × 8 = 48 > 40
+        ({"continuations_per_pivot": 16, "probe_budget": 64}, "probe_budget"),  # 5 × 16 = 80 > 64
+    ],
+)
+def test_invalid_values_name_the_field(values, field):
+    with pytest.raises(ValidationError, match=field):
+        AlgoConfig(**values)
+
+
+def test_budget_rule_applies_to_probepo_only():
+    # VinePPO probes every step boundary: the sparse budget does not bind it.
+    assert AlgoConfig(algorithm="vineppo", max_pivots=6).max_pivots == 6
+    assert AlgoConfig(max_pivots=6, probe_budget=48).max_pivots == 6
+    assert AlgoConfig(max_pivots=0).max_pivots == 0  # zero pivots recover GRPO
+
+
+def test_configs_are_immutable_and_overrides_are_validated():
+    config = AlgoConfig()
+    with pytest.raises(ValidationError, match="frozen"):
+        config.kappa = -0.5
+    assert config.kappa == 4.0
+    run = RunConfig()
+    assert with_overrides(run, **{"algo.kappa": 0.0}).algo.kappa == 0.0
+    with pytest.raises(ValidationError, match="max_pivots"):
+        with_overrides(run, **{"algo.max_pivots": 6})  # 6 × 8 exceeds the budget of 40
