@@ -28,6 +28,11 @@ app = typer.Typer(
 )
 app.add_typer(store_app, name="store")
 
+TensorboardOption = Annotated[
+    Path | None, typer.Option("--tensorboard", help="Write TensorBoard events to this folder.")
+]
+QuietOption = Annotated[bool, typer.Option("--quiet", help="No per-stage lines.")]
+
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
@@ -95,10 +100,8 @@ def train(
     updates: Annotated[int | None, typer.Option("--updates", help="Override num_updates.")] = None,
     sets: Annotated[list[str], typer.Option("--set", help="Override any field: --set algo.kappa=0.")] = [],  # noqa: B006
     store: StoreOption = None,
-    tensorboard: Annotated[
-        Path | None, typer.Option("--tensorboard", help="Write TensorBoard events here.")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No per-stage lines.")] = False,
+    tensorboard: TensorboardOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Train (or resume) a run from a preset: every stage of every update is committed to the store."""
     overrides = _parse_sets(sets)
@@ -117,10 +120,8 @@ def train(
 def resume(
     run_id: Annotated[str, typer.Argument(help="The run to continue.")],
     store: StoreOption = None,
-    tensorboard: Annotated[
-        Path | None, typer.Option("--tensorboard", help="Write TensorBoard events here.")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", help="No per-stage lines.")] = False,
+    tensorboard: TensorboardOption = None,
+    quiet: QuietOption = False,
 ) -> None:
     """Continue a run from what the store holds (its frozen config): committed stages are skipped."""
     try:

@@ -1,0 +1,79 @@
+"""The artifact store: the single source of truth of a run (DESIGN.md, "The store").
+
+`open_store(url)` gives an `ArtifactStore` over a local folder or S3; the commit protocol, ledger, lease,
+metrics and gc are written once on top of a small object layer implemented by both backends.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from probepo.store.errors import (
+    AlreadyCommitted,
+    CorruptArtifact,
+    FormatError,
+    InvalidKey,
+    LeaseHeld,
+    LeaseLost,
+    NotCommitted,
+    ObjectMissing,
+    RunConfigMismatch,
+    RunNotFound,
+    StoreError,
+    StoreUnreachable,
+)
+from probepo.store.lease import Lease, acquire_lease, read_lease
+from probepo.store.ledger import Ledger, ResumePoint
+from probepo.store.store import ArtifactStore, GcReport, StageFiles, VerifyReport
+
+__all__ = [
+    "AlreadyCommitted",
+    "ArtifactStore",
+    "CorruptArtifact",
+    "FormatError",
+    "GcReport",
+    "InvalidKey",
+    "Lease",
+    "LeaseHeld",
+    "LeaseLost",
+    "Ledger",
+    "NotCommitted",
+    "ObjectMissing",
+    "ResumePoint",
+    "RunConfigMismatch",
+    "RunNotFound",
+    "StageFiles",
+    "StoreError",
+    "StoreUnreachable",
+    "VerifyReport",
+    "acquire_lease",
+    "open_store",
+    "read_lease",
+]
+
+
+def open_store(url: str | Path, **s3_options: Any) -> ArtifactStore:
+    """Open a store: `s3://bucket/prefix` (endpoint, region, profile and credentials from the AWS settings,
+    or `endpoint_url=`, `profile=`, `region=`, `max_attempts=` here), a folder path, or a `file://` URL."""
+    text = str(url)
+    if text.startswith("s3://"):
+        from probepo.store.s3 import S3ObjectStore
+
+        parts = urlsplit(text)
+        if not parts.netloc or parts.query or parts.fragment:
+            raise InvalidKey(f"invalid S3 store URL {text!r}: expected s3://bucket[/prefix]")
+        return ArtifactStore(S3ObjectStore(parts.netloc, parts.path, **s3_options))
+    if s3_options:
+        raise TypeError(f"options {sorted(s3_options)} apply to s3:// stores only")
+    from probepo.store.local import LocalObjectStore
+
+    if text.startswith("file://"):
+        parts = urlsplit(text)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidKey(f"invalid file URL {text!r}: only local paths are supported")
+        text = unquote(parts.path)
+    elif "://" in text:
+        raise InvalidKey(f"unsupported store URL {text!r}: use s3://bucket/prefix, a folder, or file://")
+    return ArtifactStore(LocalObjectStore(text))

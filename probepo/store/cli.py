@@ -1,0 +1,116 @@
+"""`probepo store ls|verify|gc RUN`: inspect, re-check and clean a run in the artifact store.
+
+The store URL comes from `--store`, else the environment variable PROBEPO_STORE, else `./store`.
+Store errors print one line on stderr and exit with code 2; `verify` exits 1 when it finds corruption.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Annotated
+
+import typer
+
+from probepo.store import ArtifactStore, Ledger, StoreError, open_store
+from probepo.store.store import DEFAULT_GC_MIN_AGE_S
+
+DEFAULT_STORE_URL = "./store"
+GC_LEASE_TTL_S = 600.0
+
+store_app = typer.Typer(
+    help="Inspect, verify and garbage-collect runs in the artifact store.", no_args_is_help=True
+)
+
+StoreOption = Annotated[
+    str | None,
+    typer.Option(
+        "--store",
+        help=f"Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE or {DEFAULT_STORE_URL}.",
+    ),
+]
+
+
+def store_url(explicit: str | None) -> str:
+    """The store URL to use: the option, else $PROBEPO_STORE, else ./store."""
+    return explicit or os.environ.get("PROBEPO_STORE") or DEFAULT_STORE_URL
+
+
+@contextmanager
+def _store(explicit: str | None) -> Iterator[ArtifactStore]:
+    """Open the store; any store error becomes one line on stderr and exit code 2 (no traceback)."""
+    try:
+        yield open_store(store_url(explicit))
+    except StoreError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+
+
+def _size(count: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if count < 1024:
+            return f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} GiB"
+
+
+@store_app.command("ls")
+def ls(
+    run: Annotated[str | None, typer.Argument(help="Run id; without it, list the runs.")] = None,
+    store: StoreOption = None,
+) -> None:
+    """Show what a run has committed: stages per update, latest checkpoint, lease, attempts."""
+    with _store(store) as opened:
+        if run is None:
+            for name in opened.runs():
+                typer.echo(name)
+            return
+        typer.echo(Ledger(opened, run).summary())
+
+
+@store_app.command("verify")
+def verify(run: Annotated[str, typer.Argument(help="Run id.")], store: StoreOption = None) -> None:
+    """Re-check the size and sha256 of every committed file of a run (streamed)."""
+    with _store(store) as opened:
+        report = opened.verify(run)
+        for problem in report.problems:
+            typer.echo(str(problem))
+        typer.echo(
+            f"checked {report.stages} stages, {report.files} files, {_size(report.bytes)}: "
+            f"{len(report.problems)} problem(s)"
+        )
+        if report.problems:
+            raise typer.Exit(1)
+
+
+@store_app.command("gc")
+def gc(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    store: StoreOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed.")] = False,
+    min_age: Annotated[
+        float, typer.Option("--min-age", help="Keep orphaned attempts younger than this many seconds.")
+    ] = DEFAULT_GC_MIN_AGE_S,
+    force: Annotated[bool, typer.Option("--force", help="Take the run's lease even if held.")] = False,
+) -> None:
+    """Remove attempt folders that no commit marker names (lost races, killed writers).
+
+    Holds the run's lease meanwhile (except for a dry run), so it refuses while a driver works on the run.
+    """
+    with _store(store) as opened:
+        opened.read_run(run)
+        if dry_run:
+            report = opened.gc(run, min_age_s=min_age, dry_run=True)
+        else:
+            holder = f"probepo-store-gc@{socket.gethostname()}:{os.getpid()}"
+            with opened.acquire_lease(run, holder, GC_LEASE_TTL_S, force=force):
+                report = opened.gc(run, min_age_s=min_age)
+        verb = "would remove" if dry_run else "removed"
+        for folder in report.removed:
+            typer.echo(f"{verb} {folder}")
+        typer.echo(
+            f"{verb} {len(report.removed)} orphaned attempt(s), {_size(report.bytes)}; "
+            f"kept {len(report.kept_young)} younger than {min_age:.0f} s"
+        )

@@ -1,0 +1,134 @@
+"""The run lease: one driver works on a run at a time.
+
+`lease.json` holds the holder, its host and pid, and an expiry. It is created with a create-only write and
+renewed, taken over or released with compare-and-swap on its version (S3 ETag with `If-Match`; locally the
+content hash under an fcntl lock). An expired lease may be taken over; a live one raises LeaseHeld naming
+the holder. Expiry compares wall clocks across hosts: keep the TTL well above the clock skew (minutes).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from datetime import UTC, datetime
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+from probepo.store.errors import FormatError, LeaseHeld, LeaseLost, StoreError
+from probepo.store.formats import from_json_bytes, to_json_bytes
+from probepo.store.keys import RunLayout
+
+if TYPE_CHECKING:
+    from probepo.store.store import ArtifactStore
+
+ACQUIRE_RACES = 8
+
+
+def _lease_record(holder: str, ttl_s: float, token: str, acquired_at: str) -> dict[str, Any]:
+    now = time.time()
+    return {
+        "holder": holder,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "token": token,
+        "ttl_s": ttl_s,
+        "acquired_at": acquired_at,
+        "renewed_at": datetime.fromtimestamp(now, UTC).isoformat(timespec="seconds"),
+        "expires_at": datetime.fromtimestamp(now + ttl_s, UTC).isoformat(timespec="seconds"),
+        "expires_at_epoch": now + ttl_s,
+    }
+
+
+def _expired(record: dict[str, Any]) -> bool:
+    expiry = record.get("expires_at_epoch")
+    return not isinstance(expiry, int | float) or expiry <= time.time()
+
+
+class Lease:
+    """A held lease; renew it well within its TTL, release it when done (or use it as a context manager)."""
+
+    def __init__(self, store: ArtifactStore, run_id: str, record: dict[str, Any], etag: str) -> None:
+        self.store, self.run_id, self.record, self._etag = store, run_id, record, etag
+        self._key = RunLayout(run_id).lease
+        self.released = False
+
+    @property
+    def holder(self) -> str:
+        return self.record["holder"]
+
+    @property
+    def expires_at(self) -> float:
+        """Expiry as epoch seconds."""
+        return self.record["expires_at_epoch"]
+
+    def renew(self) -> None:
+        """Push the expiry out by the TTL; raises LeaseLost if someone else took the lease meanwhile."""
+        record = _lease_record(
+            self.holder, self.record["ttl_s"], self.record["token"], self.record["acquired_at"]
+        )
+        data = to_json_bytes(record)
+        etag = self.store.objects.put_if_match(self._key, data, self._etag)
+        if etag is None:
+            raise LeaseLost(
+                f"lost the lease of run {self.run_id!r} (held by {self.holder!r}): it expired and was taken "
+                "over, or was forced; stop working on this run"
+            )
+        self.record, self._etag = record, etag
+
+    def release(self) -> None:
+        """Give the lease up (a no-op if it was already lost)."""
+        if not self.released:
+            self.store.objects.delete_if_match(self._key, self._etag)
+            self.released = True
+
+    def __enter__(self) -> Lease:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, trace: TracebackType | None
+    ) -> None:
+        self.release()
+
+
+def read_lease(store: ArtifactStore, run_id: str) -> dict[str, Any] | None:
+    """The current lease record of a run (expired or not), or None."""
+    current = store.objects.get_versioned(RunLayout(run_id).lease)
+    if current is None:
+        return None
+    try:
+        return from_json_bytes(current.data)
+    except FormatError:
+        return {"holder": "<unreadable lease.json>"}
+
+
+def acquire_lease(
+    store: ArtifactStore, run_id: str, holder: str, ttl_s: float, *, force: bool = False
+) -> Lease:
+    """Take the run's lease for `ttl_s` seconds.
+
+    Succeeds if there is no lease, it expired, it is ours (same holder), or `force`; otherwise raises
+    LeaseHeld naming the holder, its host and the expiry.
+    """
+    if ttl_s <= 0:
+        raise ValueError(f"ttl_s must be positive, got {ttl_s}")
+    key = RunLayout(run_id).lease
+    objects = store.objects
+    record = _lease_record(holder, ttl_s, uuid.uuid4().hex, datetime.now(UTC).isoformat(timespec="seconds"))
+    data = to_json_bytes(record)
+    for _ in range(ACQUIRE_RACES):
+        current = objects.get_versioned(key)
+        if current is None:
+            etag = objects.put_if_absent(key, data)
+        else:
+            try:
+                existing = from_json_bytes(current.data)
+            except FormatError:
+                existing = {}  # unreadable: treat as expired, it protects nothing
+            if not (force or _expired(existing) or existing.get("holder") == holder):
+                raise LeaseHeld(run_id, existing)
+            etag = objects.put_if_match(key, data, current.etag)
+        if etag is not None:
+            return Lease(store, run_id, record, etag)
+    raise StoreError(f"could not take the lease of run {run_id!r}: lost {ACQUIRE_RACES} races in a row")

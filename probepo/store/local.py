@@ -1,0 +1,216 @@
+"""The local-folder backend: atomic renames, exclusive creates, and fcntl locks for compare-and-swap.
+
+Writes go to a hidden temp file in the target folder, are fsynced, then renamed into place (or hard-linked
+for create-only writes, which fails if the name exists); the folder is fsynced after. Version tags are the
+sha256 of the content. Names starting with '.' are this backend's own (temp and lock files) and are never
+listed; keys cannot contain such parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+from probepo.store.errors import InvalidKey, ObjectMissing
+from probepo.store.keys import object_key
+from probepo.store.objects import (
+    CHUNK,
+    Digest,
+    HashingWriter,
+    ObjectInfo,
+    ObjectStore,
+    Versioned,
+    file_digest,
+)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _etag(data: bytes) -> str:
+    """Local version tag: the content hash (so compare-and-swap needs no separate version counter)."""
+    return hashlib.sha256(data).hexdigest()
+
+
+class LocalObjectStore(ObjectStore):
+    """Objects as files under `root`."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        path = self.root / object_key(key)
+        # A symlink planted inside the store must not lead outside it.
+        if not path.resolve().is_relative_to(self.root):
+            raise InvalidKey(f"key {key!r} resolves outside the store root {self.root}")
+        return path
+
+    def _temp_beside(self, path: Path) -> Path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path.parent / f".{path.name}.tmp-{uuid.uuid4().hex}"
+
+    @contextlib.contextmanager
+    def _locked(self, path: Path) -> Iterator[None]:
+        """An exclusive lock serialising compare-and-swap on one key (across processes on this host/NFS)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def _write_temp(self, path: Path, data: bytes) -> Path:
+        temp = self._temp_beside(path)
+        with open(temp, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        return temp
+
+    def _replace(self, temp: Path, path: Path) -> None:
+        os.replace(temp, path)
+        _fsync_dir(path.parent)
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        self._replace(self._write_temp(path, data), path)
+
+    def put_file(self, key: str, path: Path) -> Digest:
+        target = self._path(key)
+        temp = self._temp_beside(target)
+        try:
+            with open(path, "rb") as source, open(temp, "xb") as handle:
+                sink = HashingWriter(handle)
+                while chunk := source.read(CHUNK):
+                    sink.write(chunk)
+                handle.flush()
+                os.fsync(handle.fileno())
+            self._replace(temp, target)
+        finally:
+            temp.unlink(missing_ok=True)
+        return sink.digest()
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        path = self._path(key)
+        temp = self._write_temp(path, data)
+        try:
+            os.link(temp, path)  # atomic, and fails if the name exists
+        except FileExistsError:
+            return None
+        finally:
+            temp.unlink(missing_ok=True)
+        _fsync_dir(path.parent)
+        return _etag(data)
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
+        path = self._path(key)
+        with self._locked(path):
+            current = self.get_versioned(key)
+            if current is None or current.etag != etag:
+                return None
+            self._replace(self._write_temp(path, data), path)
+            return _etag(data)
+
+    def get_bytes(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        try:
+            data = self.get_bytes(key)
+        except ObjectMissing:
+            return None
+        return Versioned(data, _etag(data))
+
+    def download_file(self, key: str, dest: Path) -> Digest:
+        try:
+            handle = open(self._path(key), "rb")  # noqa: SIM115 - closed below; opened first to map a miss
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+        with handle, open(dest, "wb") as out:
+            sink = HashingWriter(out)
+            while chunk := handle.read(CHUNK):
+                sink.write(chunk)
+        return sink.digest()
+
+    def digest(self, key: str) -> Digest:
+        try:
+            return file_digest(self._path(key))
+        except (FileNotFoundError, NotADirectoryError):
+            raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        top = self._path(prefix.rstrip("/")) if prefix else self.root
+        for folder, subfolders, files in os.walk(top):
+            subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+            for name in sorted(files):
+                if name.startswith("."):
+                    continue
+                path = Path(folder, name)
+                try:
+                    stat = path.stat()
+                except FileNotFoundError:  # deleted while listing
+                    continue
+                yield ObjectInfo(path.relative_to(self.root).as_posix(), stat.st_size, stat.st_mtime)
+
+    def list_children(self, prefix: str) -> list[str]:
+        top = self._path(prefix.rstrip("/")) if prefix else self.root
+        if not top.is_dir():
+            return []
+        return sorted(
+            entry.name for entry in top.iterdir() if entry.is_dir() and not entry.name.startswith(".")
+        )
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def delete_if_match(self, key: str, etag: str) -> bool:
+        path = self._path(key)
+        with self._locked(path):
+            current = self.get_versioned(key)
+            if current is None or current.etag != etag:
+                return False
+            path.unlink()
+            _fsync_dir(path.parent)
+            return True
+
+    def append(self, key: str, data: bytes) -> None:
+        """A real append (O_APPEND + fsync) under the key's lock.
+
+        Appended records are lines: if a crash tore the last one, a newline first keeps the new one whole.
+        """
+        path = self._path(key)
+        with self._locked(path):
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+            try:
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    data = b"\n" + data
+                os.write(fd, data)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def prune_empty(self, prefix: str) -> None:
+        top = self._path(prefix.rstrip("/"))
+        # Deepest first, so a folder emptied by removing its children goes too.
+        for folder, _, _ in sorted(os.walk(top), key=lambda entry: -len(entry[0])):
+            with contextlib.suppress(OSError):  # not empty: keep it
+                Path(folder).rmdir()

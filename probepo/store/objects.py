@@ -1,0 +1,149 @@
+"""The object layer: the few primitives the commit protocol needs, implemented once per backend.
+
+Everything above this layer (commit markers, ledger, lease, metrics, gc) is written once against
+`ObjectStore`; `LocalObjectStore` and `S3ObjectStore` only move bytes and make the create-only and
+compare-and-swap writes atomic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import BinaryIO
+
+from probepo.store.errors import StoreError
+
+CHUNK = 8 << 20
+APPEND_RETRIES = 50
+
+
+@dataclass(frozen=True)
+class Digest:
+    """Size and sha256 of an object's bytes."""
+
+    size: int
+    sha256: str
+
+    @classmethod
+    def of(cls, data: bytes) -> Digest:
+        return cls(len(data), hashlib.sha256(data).hexdigest())
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One listed object: key relative to the store root, size, last-modified time (epoch seconds)."""
+
+    key: str
+    size: int
+    modified: float
+
+
+@dataclass(frozen=True)
+class Versioned:
+    """An object's bytes with the version tag (ETag) that a compare-and-swap must name."""
+
+    data: bytes
+    etag: str
+
+
+class HashingWriter:
+    """A write-only (non-seekable) sink that hashes bytes on their way to a file (or nowhere), in order."""
+
+    def __init__(self, raw: BinaryIO | None) -> None:
+        self._raw = raw
+        self._hash = hashlib.sha256()
+        self._size = 0
+
+    def write(self, data: bytes) -> int:
+        self._hash.update(data)
+        self._size += len(data)
+        return len(data) if self._raw is None else self._raw.write(data)
+
+    def digest(self) -> Digest:
+        return Digest(self._size, self._hash.hexdigest())
+
+
+def file_digest(path: Path) -> Digest:
+    """Size and sha256 of a file, streamed."""
+    with open(path, "rb") as handle:
+        return Digest(path.stat().st_size, hashlib.file_digest(handle, "sha256").hexdigest())
+
+
+class ObjectStore(ABC):
+    """Keys are relative to the store root and validated by the caller (see probepo.store.keys)."""
+
+    url: str
+    """Where the store lives, for messages: never carries a credential."""
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write (or overwrite) an object atomically: readers see the old or the new bytes, never a part."""
+
+    @abstractmethod
+    def put_file(self, key: str, path: Path) -> Digest:
+        """Stream a file into an object (multipart where large), hashing it on the way; returns its digest."""
+
+    @abstractmethod
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        """Create the object only if no object has that key: its new version tag, or None if one existed."""
+
+    @abstractmethod
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
+        """Replace the object only if its version is `etag`: the new tag, or None if it changed/vanished."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes:
+        """The object's bytes; raises ObjectMissing."""
+
+    @abstractmethod
+    def get_versioned(self, key: str) -> Versioned | None:
+        """The object's bytes and version tag, or None if absent."""
+
+    @abstractmethod
+    def download_file(self, key: str, dest: Path) -> Digest:
+        """Stream the object to `dest` (parallel ranges if large), hashed in order; raises ObjectMissing."""
+
+    @abstractmethod
+    def digest(self, key: str) -> Digest:
+        """Size and sha256 of the object, streamed (nothing kept in memory or on disk); ObjectMissing."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether an object has this key."""
+
+    @abstractmethod
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        """Every object whose key starts with `prefix` (a folder-like prefix ending with '/'), recursively."""
+
+    @abstractmethod
+    def list_children(self, prefix: str) -> list[str]:
+        """Names of the immediate sub-folders of `prefix`, sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Delete the object if present."""
+
+    @abstractmethod
+    def delete_if_match(self, key: str, etag: str) -> bool:
+        """Delete the object only if its current version is `etag`; False otherwise."""
+
+    def append(self, key: str, data: bytes) -> None:
+        """Append bytes to an object, creating it if absent: a compare-and-swap loop (objects cannot grow).
+
+        Concurrent appenders are safe; each retry rereads the object. Backends with a real append override it.
+        """
+        for _ in range(APPEND_RETRIES):
+            current = self.get_versioned(key)
+            if current is None:
+                if self.put_if_absent(key, data) is not None:
+                    return
+            elif self.put_if_match(key, current.data + data, current.etag) is not None:
+                return
+        raise StoreError(f"append to {self.url}/{key} lost {APPEND_RETRIES} races in a row")
+
+    @abstractmethod
+    def prune_empty(self, prefix: str) -> None:
+        """Remove empty folders left under `prefix` after deletions (only folders on disk have any)."""

@@ -1,0 +1,323 @@
+"""The S3 backend (boto3): conditional writes for commit markers and leases, streamed multipart transfers.
+
+Configuration comes from the standard AWS chain: credentials, profile (`AWS_PROFILE`), region, and the
+endpoint (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, or `endpoint_url=` for S3-compatible services).
+Retries are botocore's adaptive mode; large files go through s3transfer's multipart uploads and parallel
+ranged downloads, with botocore's default per-part checksums on the wire and our sha256 computed beside
+the upload (a hashing thread) or in order during the download. Messages name the endpoint and bucket,
+never a credential.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import boto3
+from boto3.s3.transfer import TransferConfig
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionClosedError,
+    ConnectTimeoutError,
+    CredentialRetrievalError,
+    EndpointConnectionError,
+    IncompleteReadError,
+    NoCredentialsError,
+    PartialCredentialsError,
+    ReadTimeoutError,
+    ResponseStreamingError,
+)
+
+from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
+from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned, file_digest
+
+MULTIPART_THRESHOLD = 64 << 20
+MULTIPART_CHUNK = 32 << 20
+TRANSFER_CONCURRENCY = 10
+DEFAULT_MAX_ATTEMPTS = 10
+CONFLICT_RETRIES = 5
+# A body cut off mid-stream is not covered by botocore's request retries: we retry those reads ourselves.
+_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
+_CREDENTIAL_ERRORS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
+_REFUSED_CODES = {
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "AccessDenied",
+    "ExpiredToken",
+    "InvalidToken",
+}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_PRECONDITION_CODES = {"PreconditionFailed", "412"}
+_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
+
+
+_SESSION_LOCK = threading.Lock()
+
+
+@functools.cache
+def _session(profile: str | None) -> boto3.session.Session:
+    """One session per profile: creating one reloads the service models (~0.2 s), so share it."""
+    return boto3.session.Session(profile_name=profile)
+
+
+def redact_url(url: str | None) -> str:
+    """The URL without any user:password part, for messages."""
+    if not url:
+        return "<default AWS endpoint>"
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path, "", ""))
+
+
+def _code(error: ClientError) -> str:
+    return str(error.response.get("Error", {}).get("Code", ""))
+
+
+def _was_retried(error: ClientError) -> bool:
+    return int(error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
+
+
+class S3ObjectStore(ObjectStore):
+    """Objects under `s3://bucket/prefix/`."""
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        profile: str | None = None,
+        region: str | None = None,
+        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+    ) -> None:
+        self.bucket = bucket
+        self.root = prefix.strip("/") + "/" if prefix.strip("/") else ""
+        self.url = f"s3://{bucket}/{self.root}"
+        self._max_attempts = max_attempts
+        config = Config(
+            retries={"mode": "adaptive", "max_attempts": max_attempts},
+            connect_timeout=10,
+            read_timeout=120,
+            max_pool_connections=4 * TRANSFER_CONCURRENCY,
+            tcp_keepalive=True,
+        )
+        try:
+            with _SESSION_LOCK:  # sessions are not thread-safe; the clients they make are
+                self.client = _session(profile).client(
+                    "s3", endpoint_url=endpoint_url, region_name=region, config=config
+                )
+        except BotoCoreError as exc:  # e.g. an unknown profile
+            raise StoreUnreachable(f"cannot configure S3 for bucket {bucket!r}: {exc}") from None
+        self.endpoint = redact_url(self.client.meta.endpoint_url)
+        self.transfer = TransferConfig(
+            multipart_threshold=MULTIPART_THRESHOLD,
+            multipart_chunksize=MULTIPART_CHUNK,
+            max_concurrency=TRANSFER_CONCURRENCY,
+            use_threads=True,
+        )
+
+    # -- error translation -------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _errors(self, action: str, key: str) -> Iterator[None]:
+        """Turn botocore failures into store errors that name endpoint, bucket and key (never a secret)."""
+        where = f"S3 endpoint {self.endpoint}, bucket {self.bucket!r}"
+        try:
+            yield
+        except _CREDENTIAL_ERRORS:
+            raise StoreUnreachable(
+                f"{where}: no usable AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
+                "AWS_SECRET_ACCESS_KEY (or an instance role)"
+            ) from None
+        except (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError) as exc:
+            raise StoreUnreachable(
+                f"{where}: cannot connect ({type(exc).__name__}) while trying to {action} {key!r}; "
+                "check that the endpoint is up and that AWS_ENDPOINT_URL_S3 (or the profile endpoint_url) "
+                "points at it"
+            ) from None
+        except ClientError as exc:
+            code = _code(exc)
+            if code == "NoSuchBucket":
+                raise StoreUnreachable(
+                    f"{where}: the bucket does not exist; create it or fix the URL"
+                ) from None
+            if code in _REFUSED_CODES:
+                raise StoreUnreachable(
+                    f"{where}: request refused ({code}) while trying to {action} {key!r}; check the "
+                    "credentials, profile and bucket policy"
+                ) from None
+            raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
+        except BotoCoreError as exc:
+            raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
+
+    def _full(self, key: str) -> str:
+        return self.root + key
+
+    # -- writes ------------------------------------------------------------------------------------
+
+    def put_bytes(self, key: str, data: bytes) -> None:
+        with self._errors("write", key):
+            self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
+
+    def put_file(self, key: str, path: Path) -> Digest:
+        if path.stat().st_size < MULTIPART_THRESHOLD:
+            data = path.read_bytes()
+            self.put_bytes(key, data)
+            return Digest.of(data)
+        # Hash in a thread beside the parallel multipart upload (hashlib releases the GIL): measured faster
+        # than hashing inside a single sequential reader. If the file changed meanwhile, the marker and the
+        # object disagree and the first read reports it as corrupt.
+        with self._errors("upload", key), ThreadPoolExecutor(1) as hasher:
+            digest = hasher.submit(file_digest, path)
+            self.client.upload_file(str(path), self.bucket, self._full(key), Config=self.transfer)
+            return digest.result()
+
+    def _put_conditionally(self, key: str, data: bytes, **condition: str) -> str | None:
+        """A conditional PUT: the new ETag, or None when the precondition fails.
+
+        If botocore retried the request (a response lost after the write landed), a 412 may be our own
+        write: the object then holds exactly our bytes, and that counts as success.
+        """
+        for attempt in range(CONFLICT_RETRIES):
+            with self._errors("write", key):
+                try:
+                    response = self.client.put_object(
+                        Bucket=self.bucket, Key=self._full(key), Body=data, **condition
+                    )
+                    return response["ETag"]
+                except ClientError as exc:
+                    code = _code(exc)
+                    if code in _PRECONDITION_CODES:
+                        if _was_retried(exc):
+                            current = self.get_versioned(key)
+                            return current.etag if current is not None and current.data == data else None
+                        return None
+                    if code not in _CONFLICT_CODES:
+                        raise
+            # 409: a concurrent conditional write on the key was in flight; S3 asks us to retry.
+            time.sleep(0.05 * 2**attempt)
+        raise StoreError(
+            f"{self.url}{key}: {CONFLICT_RETRIES} conditional writes in a row met a conflict (409)"
+        )
+
+    def put_if_absent(self, key: str, data: bytes) -> str | None:
+        return self._put_conditionally(key, data, IfNoneMatch="*")
+
+    def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
+        return self._put_conditionally(key, data, IfMatch=etag)
+
+    # -- reads -------------------------------------------------------------------------------------
+
+    def _get(self, key: str) -> tuple[bytes, str] | None:
+        attempt = 0
+        while True:
+            with self._errors("read", key):
+                try:
+                    response: dict[str, Any] = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
+                except ClientError as exc:
+                    if _code(exc) in _MISSING_CODES:
+                        return None
+                    raise
+                try:
+                    return response["Body"].read(), response["ETag"]
+                except _STREAM_ERRORS:
+                    attempt += 1
+                    if attempt == self._max_attempts:
+                        raise
+            time.sleep(min(0.1 * 2**attempt, 5.0))
+
+    def get_bytes(self, key: str) -> bytes:
+        found = self._get(key)
+        if found is None:
+            raise ObjectMissing(f"no object {key!r} in {self.url}")
+        return found[0]
+
+    def get_versioned(self, key: str) -> Versioned | None:
+        found = self._get(key)
+        return None if found is None else Versioned(*found)
+
+    def download_file(self, key: str, dest: Path) -> Digest:
+        with self._errors("download", key), open(dest, "wb") as handle:
+            # A write-only sink makes s3transfer deliver the parallel ranges in order, so we hash in one pass.
+            sink = HashingWriter(handle)
+            try:
+                self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
+            except ClientError as exc:
+                if _code(exc) in _MISSING_CODES:
+                    raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+                raise
+        return sink.digest()
+
+    def digest(self, key: str) -> Digest:
+        with self._errors("read", key):
+            sink = HashingWriter(None)
+            try:
+                self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
+            except ClientError as exc:
+                if _code(exc) in _MISSING_CODES:
+                    raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+                raise
+        return sink.digest()
+
+    def exists(self, key: str) -> bool:
+        with self._errors("check", key):
+            try:
+                self.client.head_object(Bucket=self.bucket, Key=self._full(key))
+                return True
+            except ClientError as exc:
+                if _code(exc) in _MISSING_CODES:
+                    return False
+                raise
+
+    def list(self, prefix: str) -> Iterator[ObjectInfo]:
+        with self._errors("list", prefix):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=self._full(prefix)
+            )
+            for page in pages:
+                for item in page.get("Contents", []):
+                    key = item["Key"][len(self.root) :]
+                    yield ObjectInfo(key, int(item["Size"]), item["LastModified"].timestamp())
+
+    def list_children(self, prefix: str) -> list[str]:
+        names: list[str] = []
+        full = self._full(prefix)
+        with self._errors("list", prefix):
+            pages = self.client.get_paginator("list_objects_v2").paginate(
+                Bucket=self.bucket, Prefix=full, Delimiter="/"
+            )
+            for page in pages:
+                names.extend(
+                    item["Prefix"][len(full) :].rstrip("/") for item in page.get("CommonPrefixes", [])
+                )
+        return sorted(names)
+
+    # -- deletes -----------------------------------------------------------------------------------
+
+    def delete(self, key: str) -> None:
+        with self._errors("delete", key):
+            self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
+
+    def delete_if_match(self, key: str, etag: str) -> bool:
+        with self._errors("delete", key):
+            try:
+                self.client.delete_object(Bucket=self.bucket, Key=self._full(key), IfMatch=etag)
+                return True
+            except ClientError as exc:
+                if _code(exc) in _PRECONDITION_CODES | _MISSING_CODES:
+                    return False
+                raise
+
+    def prune_empty(self, prefix: str) -> None:
+        """Nothing to do: S3 has no folders, only keys."""

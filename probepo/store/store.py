@@ -1,0 +1,567 @@
+"""The artifact store: the commit protocol, run metadata, metrics, attempts, verification and gc.
+
+Written once on top of the object layer (`ObjectStore`), so the local-folder and S3 backends share every
+rule. The protocol (DESIGN.md, "The store"):
+
+1. A stage's files go under a fresh attempt folder `updates/<k>/<stage>/<attempt>/` (checkpoints:
+   `checkpoints/<k>/<attempt>/`), each hashed on the way.
+2. The commit marker `ledger/<k>/<stage>.json` lists every file with size and sha256, and is written with
+   a create-only write. Exactly one attempt's marker wins; the others get AlreadyCommitted.
+3. Readers follow markers only and verify every byte against them.
+4. A corrupt commit is moved aside by `invalidate` (kept under `quarantine/`), after which the stage can
+   be committed again; a healthy commit is never overwritten.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from probepo.store import keys
+from probepo.store.errors import (
+    AlreadyCommitted,
+    CorruptArtifact,
+    FormatError,
+    InvalidKey,
+    NotCommitted,
+    ObjectMissing,
+    RunConfigMismatch,
+    RunNotFound,
+    StoreError,
+)
+from probepo.store.formats import from_json_bytes, to_json_bytes
+from probepo.store.keys import RunLayout
+from probepo.store.lease import Lease, acquire_lease
+from probepo.store.objects import Digest, ObjectStore
+
+log = logging.getLogger("probepo.store")
+
+MARKER_FORMAT = "probepo.commit/1"
+MARKER_NAME = "<commit marker>"
+UPLOAD_WORKERS = 16
+DEFAULT_GC_MIN_AGE_S = 6 * 3600.0
+_HEX = frozenset("0123456789abcdef")
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def new_attempt_id() -> str:
+    """A fresh, sortable, unique attempt id: UTC time then random hex."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}Z-{uuid.uuid4().hex[:12]}"
+
+
+def _parse_marker(raw: bytes, run_id: str, update: int, stage: str) -> dict[str, Any]:
+    """Decode and check a marker; names in it are validated because the bucket may not be trusted."""
+    try:
+        marker = from_json_bytes(raw)
+    except FormatError as exc:
+        raise CorruptArtifact(run_id, update, stage, MARKER_NAME, str(exc)) from None
+    expected = {"format": MARKER_FORMAT, "run_id": run_id, "update": update, "stage": stage}
+    if not isinstance(marker, dict) or any(marker.get(k) != v for k, v in expected.items()):
+        raise CorruptArtifact(
+            run_id, update, stage, MARKER_NAME, f"does not describe this stage ({expected})"
+        )
+    files = marker.get("files")
+    try:
+        keys.attempt(marker.get("attempt"))
+        if not isinstance(files, dict):
+            raise InvalidKey("'files' is not an object")
+        for name, entry in files.items():
+            keys.file_name(name)
+            size, sha = entry.get("size"), entry.get("sha256")
+            if (
+                not isinstance(size, int)
+                or size < 0
+                or not isinstance(sha, str)
+                or len(sha) != 64
+                or set(sha) - _HEX
+            ):
+                raise InvalidKey(f"bad size/sha256 for {name!r}")
+    except (InvalidKey, AttributeError) as exc:
+        raise CorruptArtifact(run_id, update, stage, MARKER_NAME, f"malformed: {exc}") from None
+    return marker
+
+
+class StageFiles(Mapping[str, bytes]):
+    """The files of one committed stage, fetched lazily and verified against the marker on first access."""
+
+    def __init__(self, store: ArtifactStore, marker: dict[str, Any]) -> None:
+        self.marker = marker
+        self._store = store
+        self._cache: dict[str, bytes] = {}
+
+    @property
+    def summary(self) -> dict[str, Any]:
+        """The stage's summary recorded in its marker."""
+        return dict(self.marker.get("summary") or {})
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._cache:
+            if name not in self.marker["files"]:
+                raise KeyError(name)
+            self._cache[name] = self._fetch(name)
+        return self._cache[name]
+
+    def prefetch(self, workers: int = UPLOAD_WORKERS) -> StageFiles:
+        """Fetch and verify every file not yet fetched, `workers` at a time (for stages with many files)."""
+        missing = [name for name in self.marker["files"] if name not in self._cache]
+        with ThreadPoolExecutor(max(1, min(workers, len(missing)))) as pool:
+            for name, data in zip(missing, pool.map(self._fetch, missing), strict=True):
+                self._cache[name] = data
+        return self
+
+    def _fetch(self, name: str) -> bytes:
+        return self._store._fetch_verified(self.marker, name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self.marker["files"]))
+
+    def __len__(self) -> int:
+        return len(self.marker["files"])
+
+
+@dataclass
+class VerifyReport:
+    """What `verify` checked and what it found."""
+
+    stages: int = 0
+    files: int = 0
+    bytes: int = 0
+    problems: list[CorruptArtifact] = field(default_factory=list)
+
+
+@dataclass
+class GcReport:
+    """Orphaned attempt folders found (and removed unless dry run), and those kept because too young."""
+
+    removed: list[str] = field(default_factory=list)
+    bytes: int = 0
+    kept_young: list[str] = field(default_factory=list)
+
+
+class ArtifactStore:
+    """One interface over both backends; see the module docstring for the protocol."""
+
+    def __init__(self, objects: ObjectStore) -> None:
+        self.objects = objects
+
+    @property
+    def url(self) -> str:
+        """Where the store lives (no credentials)."""
+        return self.objects.url
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.url!r})"
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    def runs(self) -> list[str]:
+        """Run ids present in the store."""
+        return [name for name in self.objects.list_children("runs/") if self._valid_run_id(name)]
+
+    @staticmethod
+    def _valid_run_id(name: str) -> bool:
+        try:
+            keys.run_id(name)
+        except InvalidKey:
+            return False
+        return True
+
+    def create_run(self, run_id: str, config: dict[str, Any]) -> dict[str, Any]:
+        """Freeze a run's record in run.json (create-only); an identical existing record is returned as is."""
+        layout = RunLayout(run_id)
+        raw = to_json_bytes(config)
+        if self.objects.put_if_absent(layout.run_json, raw) is not None:
+            return from_json_bytes(raw)
+        existing = self.read_run(run_id)
+        wanted = from_json_bytes(raw)  # compare after the same JSON round trip (tuples become lists, ...)
+        if existing != wanted:
+            differing = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
+            raise RunConfigMismatch(run_id, differing)
+        return existing
+
+    def read_run(self, run_id: str) -> dict[str, Any]:
+        """The run's frozen record; raises RunNotFound."""
+        try:
+            return from_json_bytes(self.objects.get_bytes(RunLayout(run_id).run_json))
+        except ObjectMissing:
+            raise RunNotFound(self.url, run_id) from None
+
+    # -- commits -----------------------------------------------------------------------------------
+
+    def commit_stage(
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        files: Mapping[str, bytes | PathLike[str]],
+        *,
+        summary: Mapping[str, Any] | None = None,
+        attempt_record: str | None = None,
+    ) -> dict[str, Any]:
+        """Stage `files` under a fresh attempt folder, then create the commit marker; returns the marker.
+
+        Values are bytes or paths (streamed and hashed while uploading). `summary` (JSON-able) is stored
+        in the marker; `attempt_record` optionally links the id returned by `record_attempt`. Raises
+        AlreadyCommitted if another attempt's marker exists or wins the race.
+        """
+        layout = RunLayout(run_id)
+        marker_key = layout.marker(update, stage)
+        names = [keys.file_name(name) for name in files]
+        summary_dict = from_json_bytes(to_json_bytes(dict(summary or {})))  # fail before uploading anything
+        if self.objects.exists(marker_key):
+            raise AlreadyCommitted(run_id, update, stage, self.marker(run_id, update, stage))
+        attempt = new_attempt_id()
+
+        def upload(name: str) -> tuple[str, Digest]:
+            key = layout.data_key(update, stage, attempt, name)
+            value = files[name]
+            if isinstance(value, bytes | bytearray | memoryview):
+                data = bytes(value)
+                self.objects.put_bytes(key, data)
+                return name, Digest.of(data)
+            return name, self.objects.put_file(key, Path(value))
+
+        if len(names) > 1:
+            with ThreadPoolExecutor(min(UPLOAD_WORKERS, len(names))) as pool:
+                digests = dict(pool.map(upload, names))
+        else:
+            digests = dict(map(upload, names))
+        marker: dict[str, Any] = {
+            "format": MARKER_FORMAT,
+            "run_id": run_id,
+            "update": update,
+            "stage": stage,
+            "attempt": attempt,
+            "attempt_record": attempt_record,
+            "files": {name: {"size": d.size, "sha256": d.sha256} for name, d in sorted(digests.items())},
+            "summary": summary_dict,
+            "committed_at": utc_now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        if self.objects.put_if_absent(marker_key, to_json_bytes(marker)) is None:
+            winner = self.marker(run_id, update, stage)
+            self._discard_attempt(layout.attempt_dir(update, stage, attempt))
+            raise AlreadyCommitted(run_id, update, stage, winner)
+        return marker
+
+    def _discard_attempt(self, prefix: str) -> None:
+        """Best effort: a losing attempt's files are unreferenced; gc would collect them otherwise."""
+        try:
+            for info in list(self.objects.list(prefix)):
+                self.objects.delete(info.key)
+            self.objects.prune_empty(prefix)
+        except StoreError as exc:
+            log.warning("could not discard losing attempt %s (gc will): %s", prefix, exc)
+
+    def marker(self, run_id: str, update: int, stage: str) -> dict[str, Any] | None:
+        """The commit marker of a stage, or None if not committed; raises CorruptArtifact if unreadable."""
+        try:
+            raw = self.objects.get_bytes(RunLayout(run_id).marker(update, stage))
+        except ObjectMissing:
+            return None
+        return _parse_marker(raw, run_id, update, stage)
+
+    def committed(self, run_id: str, update: int, stage: str) -> bool:
+        """Whether the stage has a commit marker."""
+        return self.objects.exists(RunLayout(run_id).marker(update, stage))
+
+    def ledger_entries(self, run_id: str) -> dict[int, list[str]]:
+        """Committed stages of every update, from one listing of the ledger."""
+        layout = RunLayout(run_id)
+        entries: dict[int, list[str]] = {}
+        for info in self.objects.list(layout.ledger_root):
+            relative = info.key[len(layout.ledger_root) :]
+            folder, _, name = relative.partition("/")
+            if not (folder.isdigit() and len(folder) == 6 and name.endswith(".json") and "/" not in name):
+                log.warning("ignoring unexpected ledger object %s", info.key)
+                continue
+            entries.setdefault(int(folder), []).append(name.removesuffix(".json"))
+        return {update: sorted(stages) for update, stages in sorted(entries.items())}
+
+    def committed_stages(self, run_id: str, update: int) -> list[str]:
+        """Stages (and sub-stages) committed for one update, sorted."""
+        prefix = RunLayout(run_id).ledger_dir(update)
+        return sorted(
+            info.key[len(prefix) :].removesuffix(".json")
+            for info in self.objects.list(prefix)
+            if "/" not in info.key[len(prefix) :]
+        )
+
+    def updates(self, run_id: str) -> list[int]:
+        """Updates with at least one committed stage, ascending."""
+        return list(self.ledger_entries(run_id))
+
+    def _require_marker(self, run_id: str, update: int, stage: str) -> dict[str, Any]:
+        marker = self.marker(run_id, update, stage)
+        if marker is None:
+            raise NotCommitted(run_id, update, stage)
+        return marker
+
+    def read_stage(self, run_id: str, update: int, stage: str) -> StageFiles:
+        """The committed files of a stage as a lazy mapping; each file is verified when first accessed.
+
+        Raises NotCommitted, or CorruptArtifact (naming run, update, stage and file) on a mismatch.
+        """
+        return StageFiles(self, self._require_marker(run_id, update, stage))
+
+    def _fetch_verified(self, marker: dict[str, Any], name: str) -> bytes:
+        run_id, update, stage = marker["run_id"], marker["update"], marker["stage"]
+        key = RunLayout(run_id).data_key(update, stage, marker["attempt"], name)
+        try:
+            data = self.objects.get_bytes(key)
+        except ObjectMissing:
+            raise CorruptArtifact(run_id, update, stage, name, "file missing from the store") from None
+        self._check_digest(marker, name, Digest.of(data))
+        return data
+
+    @staticmethod
+    def _check_digest(marker: dict[str, Any], name: str, actual: Digest) -> None:
+        expected = marker["files"][name]
+        if actual.size != expected["size"] or actual.sha256 != expected["sha256"]:
+            raise CorruptArtifact(
+                marker["run_id"],
+                marker["update"],
+                marker["stage"],
+                name,
+                f"expected {expected['size']} bytes sha256 {expected['sha256'][:16]}…, "
+                f"found {actual.size} bytes sha256 {actual.sha256[:16]}…",
+            )
+
+    def download_stage_file(
+        self, run_id: str, update: int, stage: str, name: str, dest: str | PathLike[str]
+    ) -> Path:
+        """Stream one committed file to `dest` (never whole in memory), verified before it appears there."""
+        marker = self._require_marker(run_id, update, stage)
+        if name not in marker["files"]:
+            raise ObjectMissing(f"run {run_id!r} update {update} stage {stage!r} has no file {name!r}")
+        target = Path(dest)
+        partial = target.with_name(f".{target.name}.partial-{uuid.uuid4().hex[:8]}")
+        key = RunLayout(run_id).data_key(update, stage, marker["attempt"], name)
+        try:
+            try:
+                digest = self.objects.download_file(key, partial)
+            except ObjectMissing:
+                raise CorruptArtifact(run_id, update, stage, name, "file missing from the store") from None
+            self._check_digest(marker, name, digest)
+            os.replace(partial, target)
+        finally:
+            partial.unlink(missing_ok=True)
+        return target
+
+    def stage_problems(self, run_id: str, update: int, stage: str) -> tuple[list[CorruptArtifact], int, int]:
+        """Re-check every file of a committed stage by streaming it: (problems, files checked, bytes)."""
+        try:
+            marker = self._require_marker(run_id, update, stage)
+        except CorruptArtifact as exc:
+            return [exc], 0, 0
+        layout = RunLayout(run_id)
+        problems: list[CorruptArtifact] = []
+        total = 0
+        for name in sorted(marker["files"]):
+            try:
+                digest = self.objects.digest(layout.data_key(update, stage, marker["attempt"], name))
+                total += digest.size
+                self._check_digest(marker, name, digest)
+            except ObjectMissing:
+                problems.append(CorruptArtifact(run_id, update, stage, name, "file missing from the store"))
+            except CorruptArtifact as exc:
+                problems.append(exc)
+        return problems, len(marker["files"]), total
+
+    def verify(self, run_id: str) -> VerifyReport:
+        """Re-check every checksum of every committed stage of a run."""
+        self.read_run(run_id)
+        report = VerifyReport()
+        for update, stages in self.ledger_entries(run_id).items():
+            for stage in stages:
+                problems, files, size = self.stage_problems(run_id, update, stage)
+                report.stages += 1
+                report.files += files
+                report.bytes += size
+                report.problems.extend(problems)
+        return report
+
+    def invalidate(self, run_id: str, update: int, stage: str, *, force: bool = False) -> dict[str, Any]:
+        """Move a corrupt commit's marker aside (to quarantine/, never deleted) so the stage can be redone.
+
+        Refuses (StoreError) when every file checks out, unless `force`. Returns the quarantine record.
+        """
+        layout = RunLayout(run_id)
+        key = layout.marker(update, stage)
+        current = self.objects.get_versioned(key)
+        if current is None:
+            raise NotCommitted(run_id, update, stage)
+        problems, _, _ = self.stage_problems(run_id, update, stage)
+        if not problems and not force:
+            raise StoreError(
+                f"refusing to invalidate run {run_id!r} update {update} stage {stage!r}: every file "
+                "checks out against its marker; pass force=True (--force) to recompute a healthy stage anyway"
+            )
+        tag = new_attempt_id()
+        record = {
+            "invalidated_at": utc_now(),
+            "forced": force,
+            "problems": [str(problem) for problem in problems],
+            "marker_raw": current.data.decode("utf-8", errors="replace"),
+        }
+        self.objects.put_bytes(layout.quarantined(update, stage, tag), to_json_bytes(record))
+        if not self.objects.delete_if_match(key, current.etag):
+            raise StoreError(
+                f"the marker of run {run_id!r} update {update} stage {stage!r} changed while "
+                "invalidating it; check it again"
+            )
+        log.warning("invalidated run %s update %d stage %s: %s", run_id, update, stage, record["problems"])
+        return record
+
+    # -- garbage collection ------------------------------------------------------------------------
+
+    def _live_attempt_dirs(self, run_id: str) -> tuple[set[str], set[tuple[int, str]]]:
+        """Attempt folders named by a marker (committed or quarantined), and stages whose marker is unreadable
+        (all of whose attempts are kept, to be safe)."""
+        layout = RunLayout(run_id)
+        live: set[str] = set()
+        unsure: set[tuple[int, str]] = set()
+        for update, stages in self.ledger_entries(run_id).items():
+            for stage in stages:
+                try:
+                    marker = self._require_marker(run_id, update, stage)
+                    live.add(layout.attempt_dir(update, stage, marker["attempt"]))
+                except (CorruptArtifact, NotCommitted):
+                    unsure.add((update, stage))
+        for info in self.objects.list(layout.quarantine_root):
+            parts = info.key[len(layout.quarantine_root) :].split("/")
+            try:
+                update, stage = int(parts[0]), parts[1]
+                raw = from_json_bytes(self.objects.get_bytes(info.key))["marker_raw"].encode()
+                marker = _parse_marker(raw, run_id, update, stage)
+                live.add(layout.attempt_dir(update, stage, marker["attempt"]))
+            except (ValueError, IndexError, KeyError, TypeError, StoreError):
+                if len(parts) > 1 and parts[0].isdigit():
+                    unsure.add((int(parts[0]), parts[1]))
+        return live, unsure
+
+    @staticmethod
+    def _attempt_dir_of(layout: RunLayout, key: str) -> tuple[str, int, str] | None:
+        """(attempt folder key ending in '/', update, stage) of a data key, or None if not one."""
+        parts = key[len(layout.root) :].split("/")
+        if parts[0] == "updates" and len(parts) >= 5 and parts[1].isdigit():
+            return layout.root + "/".join(parts[:4]) + "/", int(parts[1]), parts[2]
+        if parts[0] == "checkpoints" and len(parts) >= 4 and parts[1].isdigit():
+            return layout.root + "/".join(parts[:3]) + "/", int(parts[1]), keys.CHECKPOINT_STAGE
+        return None
+
+    def gc(self, run_id: str, *, min_age_s: float = DEFAULT_GC_MIN_AGE_S, dry_run: bool = False) -> GcReport:
+        """Delete attempt folders no marker names (lost races, killed writers) once older than `min_age_s`.
+
+        The age guard protects an attempt still uploading (its marker does not exist yet); run gc while
+        holding the run's lease (the CLI does) so that no driver is working on the run.
+        """
+        layout = RunLayout(run_id)
+        self.read_run(run_id)
+        live, unsure = self._live_attempt_dirs(run_id)
+        folders: dict[str, tuple[float, int, bool]] = {}
+        now = datetime.now(UTC).timestamp()
+        for data_root in layout.data_roots:
+            for info in self.objects.list(data_root):
+                found = self._attempt_dir_of(layout, info.key)
+                if found is None:
+                    continue
+                folder, update, stage = found
+                newest, size, keep = folders.get(folder, (0.0, 0, False))
+                keep = keep or (update, stage) in unsure
+                folders[folder] = (max(newest, info.modified), size + info.size, keep)
+        report = GcReport()
+        for folder, (newest, size, keep) in sorted(folders.items()):
+            relative = folder[len(layout.root) :]
+            if folder in live or keep:
+                continue
+            if now - newest < min_age_s:
+                report.kept_young.append(relative)
+                continue
+            report.removed.append(relative)
+            report.bytes += size
+            if not dry_run:
+                for info in list(self.objects.list(folder)):
+                    self.objects.delete(info.key)
+                self.objects.prune_empty(folder)
+        return report
+
+    # -- metrics and attempts ----------------------------------------------------------------------
+
+    def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
+        """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""
+        self.objects.append(RunLayout(run_id).metrics, to_json_bytes(record) + b"\n")
+
+    def read_metrics(self, run_id: str) -> list[dict[str, Any]]:
+        """All metric records in append order; a line torn by a crash mid-append is skipped with a warning."""
+        try:
+            raw = self.objects.get_bytes(RunLayout(run_id).metrics)
+        except ObjectMissing:
+            return []
+        records = []
+        for number, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(from_json_bytes(line))
+            except FormatError:
+                log.warning("skipping unreadable line %d of %s metrics.jsonl (torn write?)", number, run_id)
+        return records
+
+    def record_attempt(
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        record: Mapping[str, Any],
+        *,
+        attempt_id: str | None = None,
+    ) -> str:
+        """Store one attempt's record (job_id, host, pid, start, end, outcome, ...); returns its id.
+
+        Pass the returned `attempt_id` again to replace the record (e.g. once the attempt ends).
+        """
+        layout = RunLayout(run_id)
+        attempt_id = keys.attempt(attempt_id) if attempt_id else new_attempt_id()
+        document = {**record, "attempt_id": attempt_id, "update": update, "stage": keys.stage(stage)}
+        self.objects.put_bytes(layout.attempt_record(update, stage, attempt_id), to_json_bytes(document))
+        return attempt_id
+
+    def attempts(
+        self, run_id: str, update: int | None = None, stage: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Attempt records, oldest first within each (update, stage); filtered by update and stage."""
+        layout = RunLayout(run_id)
+        prefix = layout.attempts_root
+        if update is not None:
+            prefix += f"{keys.update(update):06d}/"
+            if stage is not None:
+                prefix += f"{keys.stage(stage)}/"
+        records = []
+        for info in self.objects.list(prefix):
+            record = from_json_bytes(self.objects.get_bytes(info.key))
+            if stage is None or record.get("stage") == stage:
+                records.append(record)
+        return sorted(
+            records, key=lambda r: (r.get("update", 0), r.get("stage", ""), r.get("attempt_id", ""))
+        )
+
+    # -- lease -------------------------------------------------------------------------------------
+
+    def acquire_lease(self, run_id: str, holder: str, ttl_s: float, *, force: bool = False) -> Lease:
+        """Take the run's lease (see probepo.store.lease.acquire_lease)."""
+        return acquire_lease(self, run_id, holder, ttl_s, force=force)
