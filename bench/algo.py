@@ -24,7 +24,6 @@ import ctypes
 import datetime
 import json
 import os
-import platform
 import re
 import resource
 import statistics
@@ -36,6 +35,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
+from benchlib import machine
 
 from probepo.algo.advantage import group_stats, grpo_advantages, redistribute, shrink_values
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
@@ -146,13 +146,6 @@ def measure_peak_mb() -> None:
     print(json.dumps({"peak_mem_mb": round((_status_kib("VmHWM") - before) / 1024, 1)}))
 
 
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=30)
@@ -189,7 +182,7 @@ def main() -> None:
         "timing": f"median of {args.reps} runs after {args.warmup} warm-up runs, 1 torch thread;"
         " *_heap_reuse: the same after mallopt(M_MMAP_THRESHOLD=32 MiB, M_TRIM_THRESHOLD=1 GiB)",
         "memory": "VmHWM growth over VmRSS in a fresh subprocess, HWM reset via /proc/self/clear_refs",
-        "machine": f"{cpu_model()}, {os.cpu_count()} cores, {platform.platform()}",
+        "machine": machine(),
         "load_average_1min": round(load_average, 2),
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python bench/algo.py",

@@ -7,8 +7,6 @@ resident memory of its largest process; records the accuracy gained by each arm.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import resource
 import subprocess
 import sys
@@ -17,7 +15,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-import torch
+from benchlib import machine
 
 from probepo.config import load_run_config, with_overrides
 from probepo.demo import ARMS, arm_run_id
@@ -26,18 +24,6 @@ from probepo.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESET = ROOT / "configs" / "cpu-demo.yaml"
-
-
-def machine() -> str:
-    cpu = next(
-        (
-            line.split(":", 1)[1].strip()
-            for line in Path("/proc/cpuinfo").read_text().splitlines()
-            if line.startswith("model name")
-        ),
-        platform.processor(),
-    )
-    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"
 
 
 def main() -> None:

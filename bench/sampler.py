@@ -18,14 +18,13 @@ import argparse
 import datetime
 import itertools
 import json
-import os
-import platform
 import statistics
 import sys
 import time
 from pathlib import Path
 
 import torch
+from benchlib import machine
 
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
 from probepo.config import ModelConfig, OptimConfig
@@ -105,19 +104,6 @@ def probe_requests(task, trainer, prompts, groups, max_tokens):
         prefixes.append(flat_prompts[i] + responses[i][:cut])
         limits.append(max_tokens - cut)
     return prefixes, limits
-
-
-def machine():
-    """CPU model, core count, OS, Python and torch versions."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [
-        line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines() if "model name" in line
-    ]
-    cpu = names[0] if names else platform.machine()
-    return (
-        f"{cpu}, {os.cpu_count()} cores, {platform.platform()}, python {platform.python_version()},"
-        f" torch {torch.__version__}"
-    )
 
 
 def main():

@@ -17,7 +17,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 import tempfile
@@ -30,6 +29,7 @@ sys.path.insert(0, str(REPO))
 
 import boto3  # noqa: E402
 import botocore  # noqa: E402
+from benchlib import machine  # noqa: E402
 
 from probepo.store import open_store  # noqa: E402
 from probepo.store.store import UPLOAD_WORKERS  # noqa: E402
@@ -206,13 +206,8 @@ def main() -> None:
         "commit_latency_ms": latency["commit_empty_stage_ms_median"],
         "details": {"big_file": big, "small_objects": small, "commit_latency": latency},
         "endpoint": "moto S3 server (tests/s3server.py) on 127.0.0.1, same machine",
-        "machine": {
-            "platform": platform.platform(),
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "boto3": boto3.__version__,
-            "botocore": botocore.__version__,
-        },
+        "machine": machine(),
+        "versions": {"boto3": boto3.__version__, "botocore": botocore.__version__},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(["bench/store.py", *sys.argv[1:]]),
     }

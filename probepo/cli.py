@@ -146,6 +146,7 @@ def demo(
     from probepo.demo import run_demo
 
     try:
+        store = store or os.environ.get("PROBEPO_STORE")
         run_config = load_run_config(config, seed=seed, **({"store": store} if store else {}))
         report = run_demo(run_config, config, outdir)
     except (OSError, ValueError, StoreError, RuntimeError) as exc:

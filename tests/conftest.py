@@ -1,10 +1,49 @@
-"""Suite-wide settings: one torch thread per process (measured faster than 2 under load), deterministic."""
+"""Suite-wide settings (one torch thread per process: measured faster than 2 under load) and the real S3
+endpoint that store and pipeline tests share: a moto server in its own process, started on first use."""
 
 import os
+import uuid
+from collections.abc import Iterator
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import boto3
+import pytest
+
+from tests.s3server import S3Server, isolated_aws_env, start_s3_server
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch reads it
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import torch
 
 torch.set_num_threads(1)
+
+
+@pytest.fixture(scope="session")
+def s3_server() -> Iterator[S3Server]:
+    """One moto server for the session; boto3 in this process and its children points at it."""
+    server = start_s3_server()
+    saved = {key: os.environ.get(key) for key in isolated_aws_env(server)}
+    os.environ.update(isolated_aws_env(server))
+    try:
+        yield server
+    finally:
+        server.stop()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@pytest.fixture(scope="session")
+def s3_admin(s3_server: S3Server):
+    """A plain boto3 client on the test endpoint, for setting up buckets."""
+    return boto3.client("s3", endpoint_url=s3_server.endpoint_url)
+
+
+@pytest.fixture
+def s3_bucket(s3_admin) -> str:
+    """A fresh, empty bucket on the test endpoint."""
+    name = f"test-{uuid.uuid4().hex[:16]}"
+    s3_admin.create_bucket(Bucket=name)
+    return name

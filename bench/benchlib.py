@@ -1,0 +1,23 @@
+"""What every benchmark records beside its figures: the machine it ran on."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def machine() -> str:
+    """CPU model, core count, OS, Python and torch versions (torch only if it is installed)."""
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in Path("/proc/cpuinfo").read_text().splitlines()
+        if line.startswith("model name")
+    ]
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    described = f"{cpu}, {os.cpu_count()} cores, {platform.platform()}, Python {platform.python_version()}"
+    try:
+        import torch
+    except ImportError:
+        return described
+    return f"{described}, torch {torch.__version__}"
