@@ -65,15 +65,19 @@ def _progress_printer(quiet: bool) -> ProgressFn | None:
 
 
 def _train(config: RunConfig, run_id: str, store: str | None, tensorboard: Path | None, quiet: bool) -> None:
-    from probepo.pipeline import train as run_training  # torch loads here, not for --help
+    from probepo.pipeline import resume_point  # torch loads here, not for --help
+    from probepo.pipeline import train as run_training
 
     try:
+        opened = open_store(store or os.environ.get("PROBEPO_STORE") or config.store)
+        start = resume_point(opened, run_id, config)
+        if start.done:
+            typer.echo(f"run {run_id} is complete in {opened.url}")
+        elif opened.updates(run_id):  # the run has commits: say where it picks up
+            partial = f", partial progress {', '.join(start.partials)}" if start.partials else ""
+            typer.echo(f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial}")
         metrics = run_training(
-            config,
-            run_id,
-            store=open_store(store or os.environ.get("PROBEPO_STORE") or config.store),
-            progress=_progress_printer(quiet),
-            tensorboard_dir=tensorboard,
+            config, run_id, store=opened, progress=_progress_printer(quiet), tensorboard_dir=tensorboard
         )
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None

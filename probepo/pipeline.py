@@ -14,6 +14,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,16 @@ from probepo.config import RunConfig
 from probepo.preemption import Preempted, StopFlag
 from probepo.stages import STAGES, stages_for_update, warmup
 from probepo.stages.context import StageContext
-from probepo.store import AlreadyCommitted, ArtifactStore, Lease, LeaseHeld, acquire_lease, open_store
+from probepo.store import (
+    AlreadyCommitted,
+    ArtifactStore,
+    Lease,
+    LeaseHeld,
+    Ledger,
+    ResumePoint,
+    acquire_lease,
+    open_store,
+)
 
 LEASE_TTL_S = 600.0
 log = logging.getLogger(__name__)
@@ -126,6 +136,12 @@ def train(
                             writer.add_scalar(key, value, update)
                     writer.flush()
     return store.read_metrics(run_id)
+
+
+def resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> ResumePoint:
+    """The first stage the driver would run, with the partial progress committed inside it."""
+    order = partial(stages_for_update, config)
+    return Ledger(store, run_id).resume_point(order, config.num_updates + 1)
 
 
 def driver_id() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from probepo.config import RunConfig
-from probepo.stages import advantage, evaluate, init, optimize, probe, sample, score, select, warmup
+from probepo.stages import advantage, checkpoint, evaluate, optimize, probe, sample, score, select, warmup
 from probepo.stages.context import StageContext
 
 TRAINING_STAGES = ("sample", "score", "select", "probe", "advantage", "optimize")
@@ -16,14 +16,15 @@ TRAINING_STAGES = ("sample", "score", "select", "probe", "advantage", "optimize"
 
 STAGES: dict[str, Callable[[StageContext], None]] = {
     module.STAGE: module.run
-    for module in (warmup, init, evaluate, sample, score, select, probe, advantage, optimize)
+    for module in (warmup, checkpoint, evaluate, sample, score, select, probe, advantage, optimize)
 }
 
 
 def stages_for_update(config: RunConfig, update: int) -> list[str]:
-    """The stages of update k: init first (k = 0), an evaluation of policy k when due, then training
-    (except after the last update, where only the final evaluation runs)."""
-    stages = ["init"] if update == 0 else []
+    """The stages the driver runs for update k: checkpoint 0 first (k = 0; later checkpoints come from
+    optimize), an evaluation of policy k when due, then training (not after the last update, where only
+    the final evaluation runs)."""
+    stages = [checkpoint.STAGE] if update == 0 else []
     if update % config.eval.every == 0 or update == config.num_updates:
         stages.append("evaluate")
     if update < config.num_updates:

@@ -19,6 +19,8 @@ from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 
 ROLLOUTS = "rollouts.parquet"
+CHECKPOINT = "checkpoint"
+"""The stage that holds policy k at update k (the store lays it out under checkpoints/<k>/)."""
 POLICY_FILES = ("model.safetensors", "config.json", "optimizer.safetensors", "trainer.json")
 """A policy checkpoint as the trainer engine saves it: weights, model config, optimizer state, step counts."""
 
@@ -35,16 +37,10 @@ def sampling_params(ctx: StageContext, task: Task, *, temperature: float | None 
     return params
 
 
-def policy_commit(update: int) -> tuple[int, str]:
-    """Where policy k lives: the init stage for k = 0, else the optimize stage of update k − 1."""
-    return (0, "init") if update == 0 else (update - 1, "optimize")
-
-
-def fetch_policy(ctx: StageContext, update: int | None = None, stage: str | None = None) -> Path:
-    """Download a committed policy checkpoint (policy k by default) into scratch; returns its folder."""
-    if stage is None:
-        update, stage = policy_commit(ctx.update if update is None else update)
-    assert update is not None
+def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
+    """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k)
+    into scratch; returns its folder."""
+    update = ctx.update
     folder = ctx.scratch / f"policy-{update:06d}-{stage}"
     if not (folder / POLICY_FILES[-1]).exists():
         folder.mkdir(parents=True, exist_ok=True)

@@ -1,7 +1,9 @@
-"""Optimize: PPO-clip on the backbone responses of update k; commits policy k + 1 (weights and optimizer).
+"""Optimize: PPO-clip on the backbone responses of update k; commits policy k + 1 (weights and optimizer)
+as the checkpoint of update k + 1, then its own summary.
 
 After every mini-batch but the last, the trainer state is committed as a sub-stage `optimize.part-NNNN`,
-so a run killed inside the optimizer resumes from the next mini-batch and ends bitwise identical.
+so a run killed inside the optimizer resumes from the next mini-batch and ends bitwise identical. A run
+killed after the checkpoint but before the summary commits only the summary on resume.
 """
 
 from __future__ import annotations
@@ -9,7 +11,14 @@ from __future__ import annotations
 from probepo.engines.base import TrainBatch
 from probepo.preemption import Preempted
 from probepo.stages.advantage import ADVANTAGES
-from probepo.stages.common import POLICY_FILES, Rollouts, fetch_policy, read_tensors, trainer_engine
+from probepo.stages.common import (
+    CHECKPOINT,
+    POLICY_FILES,
+    Rollouts,
+    fetch_policy,
+    read_tensors,
+    trainer_engine,
+)
 from probepo.stages.context import StageContext
 from probepo.stages.score import SCORES
 
@@ -26,6 +35,10 @@ def _metrics(part_summary: dict) -> dict[str, float]:
 
 
 def run(ctx: StageContext) -> None:
+    following = ctx.store.marker(ctx.run_id, ctx.update + 1, CHECKPOINT)
+    if following is not None:  # policy k + 1 is committed: only this stage's summary is missing
+        ctx.commit(STAGE, {}, _metrics(following["summary"]))
+        return
     rollouts = Rollouts.read(ctx)
     batch = TrainBatch(
         prompts=rollouts.prompts,
@@ -39,7 +52,7 @@ def run(ctx: StageContext) -> None:
     )
     history = [_metrics(ctx.store.marker(ctx.run_id, ctx.update, s)["summary"]) for s in done]
     start = len(done)
-    checkpoint = fetch_policy(ctx, ctx.update, done[-1]) if done else None
+    checkpoint = fetch_policy(ctx, done[-1]) if done else None
     engine = trainer_engine(ctx, checkpoint)
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
 
@@ -61,4 +74,5 @@ def run(ctx: StageContext) -> None:
     }
     summary |= {key: max(h[key] for h in history) for key in history[0] if key.endswith("_max")}
     summary["minibatches"] = len(history)
-    ctx.commit(STAGE, {name: folder / name for name in POLICY_FILES}, summary)
+    ctx.commit(CHECKPOINT, {name: folder / name for name in POLICY_FILES}, summary, update=ctx.update + 1)
+    ctx.commit(STAGE, {}, summary)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from probepo.store.keys import CHECKPOINT_STAGE
@@ -36,12 +36,15 @@ class Ledger:
         """Committed stages (and sub-stages) per update."""
         return self.store.ledger_entries(self.run_id)
 
-    def resume_point(self, stage_order: Sequence[str], num_updates: int) -> ResumePoint:
-        """Where a resumed run starts: the first stage of `stage_order` not committed in updates 0..n-1."""
+    def resume_point(
+        self, stage_order: Sequence[str] | Callable[[int], Sequence[str]], num_updates: int
+    ) -> ResumePoint:
+        """Where a resumed run starts: the first stage not committed in updates 0..n-1, walking
+        `stage_order` (the same stages every update, or a function of the update)."""
         entries = self.entries()
         for update in range(num_updates):
             committed = set(entries.get(update, []))
-            for stage in stage_order:
+            for stage in stage_order(update) if callable(stage_order) else stage_order:
                 if stage not in committed:
                     partials = sorted(name for name in committed if name.startswith(stage + "."))
                     return ResumePoint(update, stage, partials)

@@ -19,13 +19,13 @@ from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
-LAST_UPDATE = 1  # tiny_config trains 2 updates: policy 2 is optimize's commit of update 1
+FINAL = 2  # tiny_config trains 2 updates: the final policy is the checkpoint of update 2
 
 
 @pytest.fixture(scope="module")
 def baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
     train(tiny_config("probepo"), "drill-baseline", store=warm_store)
-    files = warm_store.read_stage("drill-baseline", LAST_UPDATE, "optimize")
+    files = warm_store.read_stage("drill-baseline", FINAL, "checkpoint")
     return {name: files[name] for name in CHECKPOINT_FILES}
 
 
@@ -56,6 +56,7 @@ def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | 
         "0:score:after-commit",  # between two stages
         "1:optimize.part-0000:after-commit",  # inside the optimizer, after its first mini-batch
         "1:optimize.part-0001:before-commit",  # inside the optimizer, while committing a mini-batch
+        "2:checkpoint:after-commit",  # inside optimize, between its checkpoint and its summary
     ],
 )
 def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
@@ -65,15 +66,17 @@ def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
 
     assert _train_cli(warm_store, preset, run_id, crash_at) == -signal.SIGKILL
     update, stage, when = crash_at.split(":")
-    assert not warm_store.committed(run_id, LAST_UPDATE, "optimize")
+    assert not warm_store.committed(run_id, FINAL - 1, "optimize")
     assert _train_cli(warm_store, preset, run_id, None) == 0
 
-    final = warm_store.read_stage(run_id, LAST_UPDATE, "optimize")
+    final = warm_store.read_stage(run_id, FINAL, "checkpoint")
     assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
     # The killed attempt left its "running" record. A stage killed right after its commit is not run
     # again; any other killed stage is, once.
-    killed_stage = stage.split(".")[0]
-    outcomes = [a["outcome"] for a in warm_store.attempts(run_id, int(update), killed_stage)]
+    killed_update, killed_stage = int(update), stage.split(".")[0]
+    if stage == "checkpoint" and killed_update > 0:  # later checkpoints are committed by optimize
+        killed_update, killed_stage = killed_update - 1, "optimize"
+    outcomes = [a["outcome"] for a in warm_store.attempts(run_id, killed_update, killed_stage)]
     rerun = killed_stage != stage or when == "before-commit"
     assert outcomes == (["running", "committed"] if rerun else ["running"])
     for entry_update, stages in warm_store.ledger_entries(run_id).items():

@@ -16,14 +16,15 @@ def test_run_on_s3_matches_the_local_run(s3_bucket, warm_store):
     store = open_store(f"s3://{s3_bucket}/team/runs")
     metrics = train(config, "on-s3", store=store)
     assert [m["update"] for m in metrics] == [0, 1]
-    assert {"init", "evaluate", *TRAINING_STAGES} <= set(store.ledger_entries("on-s3")[0])
+    assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(store.ledger_entries("on-s3")[0])
     assert store.verify("on-s3").problems == []
 
     local = train(config, "on-local", store=warm_store)
     # Same seed, same recipe: the store backend changes nothing that is computed.
-    assert store.read_stage("on-s3", 0, "optimize")["model.safetensors"] == warm_store.read_stage(
-        "on-local", 0, "optimize"
-    )["model.safetensors"]
+    assert (
+        store.read_stage("on-s3", 1, "checkpoint")["model.safetensors"]
+        == warm_store.read_stage("on-local", 1, "checkpoint")["model.safetensors"]
+    )
     assert [m["evaluate/accuracy"] for m in metrics] == [m["evaluate/accuracy"] for m in local]
 
     # Resuming on S3 is a no-op once everything is committed.

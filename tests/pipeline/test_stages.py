@@ -30,9 +30,9 @@ def runs(warm_store: ArtifactStore) -> dict[str, list[dict]]:
 def test_every_stage_committed_once_per_update(runs, warm_store):
     for algo in runs:
         entries = warm_store.ledger_entries(f"stages-{algo}")
-        assert {"init", "evaluate", *TRAINING_STAGES} <= set(entries[0])
-        assert {"evaluate", *TRAINING_STAGES} <= set(entries[1])
-        assert entries[2] == ["evaluate"]  # after the last update only the final evaluation
+        assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(entries[0])
+        assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(entries[1])
+        assert entries[2] == ["checkpoint", "evaluate"]  # after the last update: the final policy, evaluated
         for update, stages in entries.items():
             for stage in stages:
                 outcomes = [a["outcome"] for a in warm_store.attempts(f"stages-{algo}", update, stage)]
