@@ -60,15 +60,26 @@ def make_inputs(seed: int = 0) -> dict[str, torch.Tensor]:
     }
 
 
+def update_steps(x: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Everything the CPU computes for one update, from entropies and rewards to token advantages,
+    with every intermediate result."""
+    out = {"score": window_max(x["entropy"], x["mask"], window=WINDOW)}
+    out["candidates"] = step_candidates(x["step_end"], x["mask"], margin=MARGIN)
+    out["pivot_pos"] = select_pivots(
+        out["score"], out["candidates"], x["group"], max_pivots=PIVOTS, min_spacing=SPACING
+    )
+    out["baseline"], _ = group_stats(x["rewards"], x["group"])
+    out["pivot_val"] = shrink_values(x["successes"], CONTINUATIONS, out["baseline"][:, None], kappa=KAPPA)
+    out["seq_adv"] = grpo_advantages(x["rewards"].view(PROMPTS, GROUP)).view(-1)
+    out["advantages"] = redistribute(
+        out["seq_adv"], x["rewards"], out["baseline"], x["mask"], out["pivot_pos"], out["pivot_val"]
+    )
+    return out
+
+
 def update_maths(x: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Everything the CPU computes for one update, from entropies and rewards to token advantages."""
-    score = window_max(x["entropy"], x["mask"], window=WINDOW)
-    candidates = step_candidates(x["step_end"], x["mask"], margin=MARGIN)
-    pivot_pos = select_pivots(score, candidates, x["group"], max_pivots=PIVOTS, min_spacing=SPACING)
-    baseline, _ = group_stats(x["rewards"], x["group"])
-    pivot_val = shrink_values(x["successes"], CONTINUATIONS, baseline[:, None], kappa=KAPPA)
-    seq_adv = grpo_advantages(x["rewards"].view(PROMPTS, GROUP)).view(-1)
-    return redistribute(seq_adv, x["rewards"], baseline, x["mask"], pivot_pos, pivot_val)
+    """The token advantages of one update (what the benchmark times)."""
+    return update_steps(x)["advantages"]
 
 
 def timings_ms(fn, *, warmup: int, reps: int) -> dict[str, float]:
@@ -110,12 +121,9 @@ def reuse_freed_memory() -> None:
 
 def breakdown_ms(x: dict[str, torch.Tensor], *, warmup: int, reps: int) -> dict[str, float]:
     """Each function alone, on the outputs of the previous ones."""
-    score = window_max(x["entropy"], x["mask"], window=WINDOW)
-    candidates = step_candidates(x["step_end"], x["mask"], margin=MARGIN)
-    pivot_pos = select_pivots(score, candidates, x["group"], max_pivots=PIVOTS, min_spacing=SPACING)
-    baseline, _ = group_stats(x["rewards"], x["group"])
-    pivot_val = shrink_values(x["successes"], CONTINUATIONS, baseline[:, None], kappa=KAPPA)
-    seq_adv = grpo_advantages(x["rewards"].view(PROMPTS, GROUP)).view(-1)
+    steps = update_steps(x)
+    score, candidates, pivot_pos = steps["score"], steps["candidates"], steps["pivot_pos"]
+    baseline, pivot_val, seq_adv = steps["baseline"], steps["pivot_val"], steps["seq_adv"]
     calls = {
         "window_max": lambda: window_max(x["entropy"], x["mask"], window=WINDOW),
         "step_candidates": lambda: step_candidates(x["step_end"], x["mask"], margin=MARGIN),

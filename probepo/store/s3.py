@@ -41,7 +41,7 @@ from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
 from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned, file_digest
 
 MULTIPART_THRESHOLD = 64 << 20
-MULTIPART_CHUNK = 32 << 20
+MULTIPART_CHUNK = 8 << 20
 TRANSFER_CONCURRENCY = 10
 DEFAULT_MAX_ATTEMPTS = 10
 CONFLICT_RETRIES = 5
@@ -248,20 +248,16 @@ class S3ObjectStore(ObjectStore):
         return None if found is None else Versioned(*found)
 
     def download_file(self, key: str, dest: Path) -> Digest:
-        with self._errors("download", key), open(dest, "wb") as handle:
-            # A write-only sink makes s3transfer deliver the parallel ranges in order, so we hash in one pass.
-            sink = HashingWriter(handle)
-            try:
-                self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
-            except ClientError as exc:
-                if _code(exc) in _MISSING_CODES:
-                    raise ObjectMissing(f"no object {key!r} in {self.url}") from None
-                raise
-        return sink.digest()
+        with open(dest, "wb") as handle:
+            return self._stream(key, HashingWriter(handle), "download")
 
     def digest(self, key: str) -> Digest:
-        with self._errors("read", key):
-            sink = HashingWriter(None)
+        return self._stream(key, HashingWriter(None), "read")
+
+    def _stream(self, key: str, sink: HashingWriter, action: str) -> Digest:
+        """Download into a hashing sink. Being write-only, it makes s3transfer deliver the parallel ranges
+        in order, so the bytes are hashed in one pass."""
+        with self._errors(action, key):
             try:
                 self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
             except ClientError as exc:
