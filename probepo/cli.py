@@ -29,7 +29,8 @@ app = typer.Typer(
 app.add_typer(store_app, name="store")
 
 TensorboardOption = Annotated[
-    Path | None, typer.Option("--tensorboard", help="Write TensorBoard events to this folder.")
+    Path | None,
+    typer.Option("--tensorboard", help="Write TensorBoard events here (default: out/tensorboard/RUN_ID)."),
 ]
 QuietOption = Annotated[bool, typer.Option("--quiet", help="No per-stage lines.")]
 
@@ -77,7 +78,11 @@ def _train(config: RunConfig, run_id: str, store: str | None, tensorboard: Path 
             partial = f", partial progress {', '.join(start.partials)}" if start.partials else ""
             typer.echo(f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial}")
         metrics = run_training(
-            config, run_id, store=opened, progress=_progress_printer(quiet), tensorboard_dir=tensorboard
+            config,
+            run_id,
+            store=opened,
+            progress=_progress_printer(quiet),
+            tensorboard_dir=tensorboard or Path("out") / "tensorboard" / run_id,
         )
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None

@@ -29,7 +29,7 @@ def baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
     return {name: files[name] for name in CHECKPOINT_FILES}
 
 
-def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | None) -> int:
+def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | None, events: Path) -> int:
     env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
     if crash_at:
         env[CRASH_ENV] = crash_at
@@ -43,6 +43,8 @@ def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | 
         run_id,
         "--store",
         store.url,
+        "--tensorboard",
+        str(events),
         "--quiet",
     ]
     return subprocess.run(command, env=env, capture_output=True, timeout=180).returncode
@@ -64,10 +66,11 @@ def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
     preset.write_text(yaml.safe_dump(tiny_config("probepo").model_dump(mode="json")))
     run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-")
 
-    assert _train_cli(warm_store, preset, run_id, crash_at) == -signal.SIGKILL
+    events = tmp_path / "tensorboard"
+    assert _train_cli(warm_store, preset, run_id, crash_at, events) == -signal.SIGKILL
     update, stage, when = crash_at.split(":")
     assert not warm_store.committed(run_id, FINAL - 1, "optimize")
-    assert _train_cli(warm_store, preset, run_id, None) == 0
+    assert _train_cli(warm_store, preset, run_id, None, events) == 0
 
     final = warm_store.read_stage(run_id, FINAL, "checkpoint")
     assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
@@ -87,3 +90,4 @@ def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
             assert len(committed) <= 1
     metrics = warm_store.read_metrics(run_id)
     assert [m["update"] for m in metrics] == [0, 1, 2]
+    assert list(events.glob("events.out.tfevents.*"))  # metrics also go to TensorBoard
