@@ -45,7 +45,7 @@ def run(ctx: StageContext) -> None:
     algo = ctx.config.algo
     rollouts = Rollouts.read(ctx)
     mask = rollouts.mask
-    if algo.algorithm == "grpo" or algo.max_pivots == 0:
+    if algo.algorithm == "grpo" or (algo.algorithm == "probepo" and algo.max_pivots == 0):
         pivots = torch.full((len(rollouts.responses), 0), -1, dtype=torch.long)
     else:
         task = task_of(ctx)

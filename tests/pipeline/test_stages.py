@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from probepo.algo.advantage import group_advantages, group_stats
+from probepo.config import with_overrides
 from probepo.data import build_task
 from probepo.pipeline import train
 from probepo.stages import TRAINING_STAGES, warmup
@@ -73,7 +74,11 @@ def test_probepo_budget_and_token_mean(runs, warm_store):
     assert advantages.shape[0] == 16
     lengths = torch.tensor([len(r) for r in table["response_ids"]])
     token_mean = advantages.sum(1) / lengths
-    torch.testing.assert_close(token_mean, group_advantages(rewards, group), atol=1e-5, rtol=0)
+    seq_adv = group_advantages(rewards, group)
+    torch.testing.assert_close(token_mean, seq_adv, atol=1e-5, rtol=0)
+    assert seq_adv.abs().sum() > 0  # the tiny recipe has mixed groups: a real learning signal
+    mask = torch.arange(advantages.shape[1])[None, :] < lengths[:, None]
+    assert (advantages - seq_adv[:, None])[mask].abs().max() > 1e-3  # the residual moved credit
     values = _tensors(warm_store, run, 0, "probe", "values.safetensors")
     mean, _ = group_stats(rewards, group)
     expected = (values["successes"] + 4.0 * mean[:, None]) / (values["trials"] + 4.0)
@@ -108,3 +113,14 @@ def test_finished_run_is_a_no_op(runs, warm_store):
     metrics = train(tiny_config("grpo"), "stages-grpo", store=warm_store)
     assert metrics == runs["grpo"]
     assert len(warm_store.attempts("stages-grpo")) == before
+
+
+@pytest.mark.parametrize("override", [{"algo.max_pivots": 0}, {"algo.residual_weight": 0.0}])
+def test_probepo_without_pivots_or_weight_trains_exactly_like_grpo(runs, warm_store, override):
+    """Zero pivots (or λ = 0) recover GRPO end to end: the same final weights, bit for bit."""
+    config = with_overrides(tiny_config("probepo"), **override)
+    run = "stages-probepo-as-grpo-" + next(iter(override)).split(".")[1]
+    train(config, run, store=warm_store)
+    final = warm_store.read_stage(run, 2, "checkpoint")["model.safetensors"]
+    assert final == warm_store.read_stage("stages-grpo", 2, "checkpoint")["model.safetensors"]
+    assert final != warm_store.read_stage("stages-probepo", 2, "checkpoint")["model.safetensors"]
