@@ -1,4 +1,4 @@
-"""`probepo store ls|verify|gc RUN`: inspect, re-check and clean a run in the artifact store.
+"""`probepo store ls|verify|invalidate|gc`: inspect, re-check, repair and clean a run in the artifact store.
 
 The store URL comes from `--store`, else the environment variable PROBEPO_STORE, else `./store`.
 Store errors print one line on stderr and exit with code 2; `verify` exits 1 when it finds corruption.
@@ -83,6 +83,25 @@ def verify(run: Annotated[str, typer.Argument(help="Run id.")], store: StoreOpti
         )
         if report.problems:
             raise typer.Exit(1)
+
+
+@store_app.command("invalidate")
+def invalidate(
+    run: Annotated[str, typer.Argument(help="Run id.")],
+    update: Annotated[int, typer.Argument(help="Update number.")],
+    stage: Annotated[str, typer.Argument(help="Stage name, e.g. probe or checkpoint.")],
+    store: StoreOption = None,
+    force: Annotated[bool, typer.Option("--force", help="Also a stage whose files all check out.")] = False,
+) -> None:
+    """Set a corrupt stage aside (its marker goes to quarantine, nothing is deleted) so that resuming the
+    run computes it again. Refuses a healthy stage unless --force."""
+    with _store(store) as opened:
+        record = opened.invalidate(run, update, stage, force=force)
+        for problem in record["problems"]:
+            typer.echo(problem)
+        typer.echo(
+            f"invalidated update {update} stage {stage} of {run}: `probepo resume {run}` recomputes it"
+        )
 
 
 @store_app.command("gc")

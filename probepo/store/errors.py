@@ -45,7 +45,8 @@ class CorruptArtifact(StoreError):
         self.run_id, self.update, self.stage, self.name, self.problem = run_id, update, stage, name, problem
         super().__init__(
             f"corrupt artifact: run {run_id!r} update {update} stage {stage!r} file {name!r}: {problem}; "
-            f"recompute it with `invalidate({run_id!r}, {update}, {stage!r})` and rerun the stage"
+            f"recompute it: `probepo store invalidate {run_id} {update} {stage}`, "
+            f"then `probepo resume {run_id}`"
         )
 
 

@@ -15,7 +15,7 @@ import yaml
 
 from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
-from probepo.store import ArtifactStore
+from probepo.store import ArtifactStore, CorruptArtifact
 from tests.pipeline.conftest import tiny_config
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
@@ -91,3 +91,50 @@ def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
     metrics = warm_store.read_metrics(run_id)
     assert [m["update"] for m in metrics] == [0, 1, 2]
     assert list(events.glob("events.out.tfevents.*"))  # metrics also go to TensorBoard
+
+
+@pytest.mark.integration
+def test_corrupt_artifact_is_named_then_recomputed_bitwise(warm_store, baseline, tmp_path):
+    """A flipped byte in a committed file stops the run with an error naming run, update, stage and
+    file; `probepo store invalidate` then `probepo resume` recompute that stage to the same bytes."""
+    run_id = "drill-corrupt"
+    config = tiny_config("probepo")
+    train(config, run_id, store=warm_store)
+    marker = warm_store.marker(run_id, 0, "score")
+    files = warm_store.read_stage(run_id, 0, "score")
+    original = files["scores.safetensors"]
+    path = Path(warm_store.url) / "runs" / run_id / "updates" / "000000" / "score" / marker["attempt"]
+    damaged = bytearray(original)
+    damaged[len(damaged) // 2] ^= 0xFF
+    (path / "scores.safetensors").write_bytes(bytes(damaged))
+
+    with pytest.raises(
+        CorruptArtifact, match=r"run 'drill-corrupt' update 0 stage 'score' file 'scores\.safetensors'"
+    ):
+        warm_store.read_stage(run_id, 0, "score")["scores.safetensors"]
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "probepo.cli",
+            "store",
+            "invalidate",
+            run_id,
+            "0",
+            "score",
+            "--store",
+            warm_store.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not warm_store.committed(run_id, 0, "score")
+    # Resuming recomputes score alone (deterministic: the same bytes); the healthy commits stay as they were.
+    attempts = len(warm_store.attempts(run_id))
+    train(config, run_id, store=warm_store)
+    assert warm_store.read_stage(run_id, 0, "score")["scores.safetensors"] == original
+    assert len(warm_store.attempts(run_id)) == attempts + 1
+    final = warm_store.read_stage(run_id, FINAL, "checkpoint")
+    assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
