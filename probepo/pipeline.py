@@ -107,12 +107,12 @@ def train(
 ) -> list[dict[str, Any]]:
     """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics, one record per update.
 
-    The run's frozen config in the store wins over `config` when they differ (resume never silently
-    changes a run's recipe): a mismatch raises RunConfigMismatch naming the fields.
+    A run's recipe is frozen in the store on its first start: resuming with another `config` raises
+    RunConfigMismatch naming the differing fields (a resume never silently changes a recipe).
     """
     store = store or open_store(config.store)
-    ensure_warmup(config, store, progress)
     store.create_run(run_id, run_record(config))
+    ensure_warmup(config, store, progress)
     logged = {int(m["update"]) for m in store.read_metrics(run_id)}
     writer = _tensorboard(tensorboard_dir)
     flag = StopFlag()

@@ -5,6 +5,7 @@ exits with PREEMPTED_EXIT so the scheduler requeues it, and the run resumes from
 from __future__ import annotations
 
 import signal
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,6 +28,12 @@ class StopFlag:
 
     @contextmanager
     def installed(self) -> Iterator[StopFlag]:
+        """Handle the signals while inside. Only the main thread may install handlers: elsewhere (a
+        Prefect task thread, say) the flag stays down and the caller's own preemption handling applies."""
+        if threading.current_thread() is not threading.main_thread():
+            yield self
+            return
+
         def _raise(signum: int, frame: object) -> None:
             self.raised = True
 

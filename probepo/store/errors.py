@@ -84,7 +84,7 @@ class RunConfigMismatch(StoreError):
     def __init__(self, run_id: str, keys: list[str]) -> None:
         self.run_id, self.keys = run_id, keys
         super().__init__(
-            f"run {run_id!r} already exists with a different configuration (differing top-level keys: "
+            f"run {run_id!r} already exists with a different configuration (differing: "
             f"{', '.join(keys)}); resume it with its frozen config or choose a new run id"
         )
 

@@ -62,6 +62,17 @@ def new_attempt_id() -> str:
     return f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}Z-{uuid.uuid4().hex[:12]}"
 
 
+def _differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
+    """Dotted paths at which two JSON documents differ (e.g. `config.algo.kappa`), sorted."""
+    if not (isinstance(old, dict) and isinstance(new, dict)):
+        return [path or "<root>"] if old != new else []
+    return sorted(
+        field
+        for key in set(old) | set(new)
+        for field in _differing_fields(old.get(key), new.get(key), f"{path}.{key}" if path else key)
+    )
+
+
 def _parse_marker(raw: bytes, run_id: str, update: int, stage: str) -> dict[str, Any]:
     """Decode and check a marker; names in it are validated because the bucket may not be trusted."""
     try:
@@ -188,8 +199,7 @@ class ArtifactStore:
         existing = self.read_run(run_id)
         wanted = from_json_bytes(raw)  # compare after the same JSON round trip (tuples become lists, ...)
         if existing != wanted:
-            differing = sorted(k for k in set(existing) | set(wanted) if existing.get(k) != wanted.get(k))
-            raise RunConfigMismatch(run_id, differing)
+            raise RunConfigMismatch(run_id, _differing_fields(existing, wanted))
         return existing
 
     def read_run(self, run_id: str) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def test_second_driver_is_refused_with_the_holders_name(warm_store: ArtifactStor
 
 def test_resume_with_another_recipe_is_refused(warm_store: ArtifactStore):
     train(tiny_config("grpo", num_updates=0), "frozen", store=warm_store)
-    with pytest.raises(RunConfigMismatch, match="config"):
+    with pytest.raises(RunConfigMismatch, match=r"differing: config\.algo\.algorithm\)"):
         train(tiny_config("probepo", num_updates=0), "frozen", store=warm_store)
 
 
@@ -67,3 +68,12 @@ def test_cli_resume_of_an_unknown_run_names_run_and_store(tmp_path: Path):
     result = _cli("resume", "no-such-run", "--store", str(tmp_path))
     assert result.returncode == 2
     assert "no-such-run" in result.stderr and str(tmp_path) in result.stderr
+
+
+def test_training_from_a_worker_thread_runs_without_signal_handlers(warm_store: ArtifactStore):
+    """Prefect runs tasks in threads, where Python forbids installing signal handlers."""
+    with ThreadPoolExecutor(1) as pool:
+        metrics = pool.submit(
+            train, tiny_config("grpo", num_updates=1), "threaded", store=warm_store
+        ).result()
+    assert [m["update"] for m in metrics] == [0, 1]
