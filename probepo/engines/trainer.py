@@ -115,7 +115,7 @@ class TorchTrainerEngine:
             history.append(metrics)
             if on_minibatch_done is not None:
                 on_minibatch_done(index, metrics)
-        return {**_combine(history, [1.0] * len(history)), "minibatches": float(len(history))}
+        return {**combine_metrics(history), "minibatches": float(len(history))}
 
     def _optimizer_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
         """One AdamW step on the mini-batch `rows`, gradients accumulated over micro-batches."""
@@ -155,7 +155,7 @@ class TorchTrainerEngine:
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
         self.optimizer_steps += 1
-        return {"loss": total_loss, "grad_norm": float(grad_norm), **_combine(parts, weights)}
+        return {"loss": total_loss, "grad_norm": float(grad_norm), **combine_metrics(parts, weights)}
 
     def weights(self) -> dict[str, Tensor]:
         """A copy of the policy's state dict."""
@@ -215,8 +215,9 @@ class TorchTrainerEngine:
         self.load_state(TrainerState(tensors, json.loads((directory / TRAINER_FILE).read_text())))
 
 
-def _combine(parts: list[dict[str, float]], weights: list[float]) -> dict[str, float]:
-    """Weighted mean of each metric over parts; keys ending in `_max` take the max instead."""
+def combine_metrics(parts: list[dict[str, float]], weights: list[float] | None = None) -> dict[str, float]:
+    """Weighted (default: plain) mean of each metric over parts; keys ending in `_max` take the max."""
+    weights = weights or [1.0] * len(parts)
     total = sum(weights)
     if not parts or total == 0:
         return {}

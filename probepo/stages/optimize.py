@@ -9,6 +9,7 @@ killed after the checkpoint but before the summary commits only the summary on r
 from __future__ import annotations
 
 from probepo.engines.base import TrainBatch
+from probepo.engines.trainer import combine_metrics
 from probepo.preemption import Preempted
 from probepo.stages.advantage import ADVANTAGES
 from probepo.stages.common import (
@@ -69,10 +70,6 @@ def run(ctx: StageContext) -> None:
     engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
     folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
     engine.save(folder)
-    summary = {
-        key: sum(h[key] for h in history) / len(history) for key in history[0] if not key.endswith("_max")
-    }
-    summary |= {key: max(h[key] for h in history) for key in history[0] if key.endswith("_max")}
-    summary["minibatches"] = len(history)
+    summary = {**combine_metrics(history), "minibatches": len(history)}
     ctx.commit(CHECKPOINT, {name: folder / name for name in POLICY_FILES}, summary, update=ctx.update + 1)
     ctx.commit(STAGE, {}, summary)
