@@ -11,6 +11,7 @@ import logging
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -28,8 +29,10 @@ from probepo.store import (
     ArtifactStore,
     Lease,
     LeaseHeld,
+    LeaseLost,
     Ledger,
     ResumePoint,
+    StoreError,
     acquire_lease,
     open_store,
 )
@@ -118,7 +121,7 @@ def train(
     flag = StopFlag()
     with (
         flag.installed(),
-        take_lease(store, run_id) as lease,
+        LeaseKeeper(take_lease(store, run_id)) as lease,
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
         for update in range(config.num_updates + 1):
@@ -127,7 +130,7 @@ def train(
             for stage in stages_for_update(config, update):
                 summary = run_stage(ctx, stage, progress)
                 record.update({f"{stage}/{key}": value for key, value in summary.items()})
-                lease.renew()
+                lease.check()
             if update not in logged:
                 store.append_metrics(run_id, record)
                 if writer is not None:
@@ -163,6 +166,41 @@ def _holder_is_dead(lease: dict[str, Any]) -> bool:
     return False
 
 
+class LeaseKeeper:
+    """Renews a lease from a background thread every quarter of its TTL, so that a stage longer than the
+    TTL (a long probe on a big model) never lets the lease lapse. The driver calls `check()` between
+    stages: it raises LeaseLost once someone else has taken the run over."""
+
+    def __init__(self, lease: Lease) -> None:
+        self.lease = lease
+        self.lost: LeaseLost | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"lease-{lease.run_id}", daemon=True)
+
+    def _renew(self) -> None:
+        while not self._stop.wait(self.lease.record["ttl_s"] / 4):
+            try:
+                self.lease.renew()
+            except LeaseLost as exc:
+                self.lost = exc
+                return
+            except StoreError as exc:  # transient: the next beat retries well before the expiry
+                log.warning("renewing the lease of run %s failed: %s", self.lease.run_id, exc)
+
+    def check(self) -> None:
+        if self.lost is not None:
+            raise self.lost
+
+    def __enter__(self) -> LeaseKeeper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.lease.release()
+
+
 def take_lease(store: ArtifactStore, run_id: str) -> Lease:
     """The run's lease for this driver; a lease left by a dead process of this host is taken over."""
     try:
@@ -183,7 +221,7 @@ def ensure_warmup(config: RunConfig, store: ArtifactStore, progress: ProgressFn 
         return run_id
     store.create_run(run_id, run_record(config, parts=warmup.KEY_FIELDS))
     with (
-        take_lease(store, run_id),
+        LeaseKeeper(take_lease(store, run_id)),
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
         run_stage(StageContext(store, run_id, 0, config, Path(scratch)), warmup.STAGE, progress)

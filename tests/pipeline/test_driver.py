@@ -4,15 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
 
-from probepo.pipeline import train
+from probepo.pipeline import LeaseKeeper, train
 from probepo.preemption import Preempted, StopFlag
-from probepo.store import ArtifactStore, LeaseHeld, RunConfigMismatch
+from probepo.store import ArtifactStore, LeaseHeld, LeaseLost, RunConfigMismatch, acquire_lease
 from tests.pipeline.conftest import tiny_config
 
 
@@ -77,3 +78,16 @@ def test_training_from_a_worker_thread_runs_without_signal_handlers(warm_store: 
             train, tiny_config("grpo", num_updates=1), "threaded", store=warm_store
         ).result()
     assert [m["update"] for m in metrics] == [0, 1]
+
+
+def test_lease_keeper_renews_past_the_ttl_and_reports_a_takeover(warm_store: ArtifactStore):
+    lease = acquire_lease(warm_store, "kept", "driver-a", ttl_s=1.0)
+    with LeaseKeeper(lease) as keeper:
+        time.sleep(2.5)  # 2.5 TTLs: without renewal the lease would have expired
+        with pytest.raises(LeaseHeld, match="driver-a"):
+            acquire_lease(warm_store, "kept", "driver-b", ttl_s=60)
+        keeper.check()
+        acquire_lease(warm_store, "kept", "driver-b", ttl_s=60, force=True)  # an operator forces a takeover
+        time.sleep(1.0)
+        with pytest.raises(LeaseLost, match="kept"):
+            keeper.check()
