@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import boto3
 import pytest
+from hypothesis import settings
 
 from tests.s3server import S3Server, isolated_aws_env, start_s3_server
 
@@ -16,6 +17,12 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 import torch
 
 torch.set_num_threads(1)
+
+# The suite is deterministic: property tests draw the same examples every run. HYPOTHESIS_PROFILE=explore
+# draws fresh random examples each run, to hunt for new counterexamples locally.
+settings.register_profile("deterministic", derandomize=True, deadline=None, print_blob=True)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
 @pytest.fixture(scope="session")
