@@ -112,5 +112,9 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
             f"{c.wall_s[-1]:.0f}",
         )
     console.print(table)
+    console.print(
+        "One seed: this shows that both arms learn and what probing costs, not which method is better"
+        " (that takes several seeds and confidence intervals)."
+    )
     console.print(f"demo wall time {time.perf_counter() - started:.0f} s; plot {outdir / 'curves.png'}")
     return report
