@@ -17,8 +17,8 @@ from pathlib import Path
 
 from benchlib import machine
 
-from probepo.config import load_run_config, with_overrides
-from probepo.demo import ARMS, arm_run_id
+from probepo.config import load_run_config
+from probepo.demo import arm_runs
 from probepo.report import load_curves
 from probepo.store import open_store
 
@@ -38,9 +38,8 @@ def main() -> None:
         config = load_run_config(PRESET)
         store = open_store(store_dir)
         gains, curves = {}, {}
-        for algorithm in ARMS:
-            arm = with_overrides(config, **{"algo.algorithm": algorithm})
-            c = load_curves(store, arm_run_id(arm, algorithm))
+        for algorithm, (run_id, _) in arm_runs(config).items():
+            c = load_curves(store, run_id)
             gains[algorithm] = round(c.gain_points, 2)
             curves[algorithm] = {
                 "eval_updates": c.eval_updates,

@@ -34,6 +34,15 @@ def arm_run_id(config: RunConfig, algorithm: str) -> str:
     return f"demo-{algorithm}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
 
 
+def arm_runs(config: RunConfig) -> dict[str, tuple[str, RunConfig]]:
+    """Each arm of the demo: its run id and its config (the preset with the arm's algorithm)."""
+    runs = {}
+    for algorithm in ARMS:
+        arm = with_overrides(config, **{"algo.algorithm": algorithm})
+        runs[algorithm] = (arm_run_id(arm, algorithm), arm)
+    return runs
+
+
 def _updates_done(store: ArtifactStore, run_id: str) -> int:
     try:
         return sum("optimize" in stages for stages in store.ledger_entries(run_id).values())
@@ -53,15 +62,13 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
     console.print(f"warm-up {warmup_id}: accuracy {100 * warm['accuracy']:.1f}% after {warm['steps']} steps")
 
     arms = {}
-    for algorithm in ARMS:
-        arm = with_overrides(config, **{"algo.algorithm": algorithm})
+    for algorithm, (run_id, arm) in arm_runs(config).items():
         path = outdir / f"{algorithm}.yaml"
         path.write_text(yaml.safe_dump(arm.model_dump(mode="json"), sort_keys=False))
-        arms[algorithm] = (arm_run_id(arm, algorithm), path)
+        arms[algorithm] = (run_id, path)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
     children = {}
     for algorithm, (run_id, path) in arms.items():
-        log = (outdir / f"{algorithm}.log").open("w")
         command = [
             sys.executable,
             "-m",
@@ -75,7 +82,8 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
             "--tensorboard",
             str(outdir / "tensorboard" / algorithm),
         ]
-        children[algorithm] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        with (outdir / f"{algorithm}.log").open("w") as log:  # the child keeps its own descriptor
+            children[algorithm] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
     columns = (TextColumn("{task.description:<28}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console) as progress:
