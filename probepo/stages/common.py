@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 
@@ -33,7 +33,7 @@ def sampling_params(ctx: StageContext, task: Task, *, temperature: float | None 
     """The run's sampling settings, stopping at the task's end token."""
     params = SamplingParams.from_config(ctx.config.sampling, [task.tokenizer.eos_id])
     if temperature is not None:
-        params = SamplingParams(temperature, params.top_p, params.max_tokens, params.stop_token_ids)
+        params = replace(params, temperature=temperature)
     return params
 
 

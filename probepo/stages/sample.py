@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import torch
+
+from probepo.algo.advantage import group_stats
 from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_to_parquet
@@ -44,14 +47,14 @@ def run(ctx: StageContext) -> None:
             rows["solution"].append(problem.solution)
             rows["text"].append(text)
     rewards, lengths = rows["reward"], [len(r) for r in rows["response_ids"]]
-    group_means = [
-        sum(rewards[i : i + cfg.group_size]) / cfg.group_size for i in range(0, len(rewards), cfg.group_size)
-    ]
+    _, group_std = group_stats(torch.tensor(rewards, dtype=torch.float64), torch.tensor(rows["group"]))
     summary = {
         "reward_mean": sum(rewards) / len(rewards),
         "finished_fraction": rows["finish_reason"].count("stop") / len(rewards),
         "response_len_mean": sum(lengths) / len(lengths),
         "tokens": sum(lengths),
-        "uniform_group_fraction": sum(m in (0.0, 1.0) for m in group_means) / len(group_means),
+        # All-equal rewards: no GRPO signal. Counted per response; groups are of equal size, so this is
+        # also the fraction of groups.
+        "uniform_group_fraction": float((group_std == 0).double().mean()),
     }
     ctx.commit(STAGE, {ROLLOUTS: table_to_parquet(rows)}, summary)
