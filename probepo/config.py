@@ -111,9 +111,11 @@ class AlgoConfig(_Strict):
 class TaskConfig(_Strict):
     """The synthetic verifiable task of the CPU testbed (probepo/data)."""
 
-    kind: Literal["modchain"] = "modchain"
+    kind: Literal["modchain", "pointer"] = "modchain"
     """modchain: chained arithmetic modulo `modulus` with a worked chain of thought, e.g.
-    `3+5-2=` → `3+5=8;8-2=6;>6`."""
+    `3+5-2=` → `3+5=8;8-2=6;>6` (vocabulary 19). pointer: follow `hops` links of a random cycle over
+    `letters` letters, e.g. `ac,cb,ba|b=` → `ba;ac;>c` (vocabulary letters + 8): a wrong chain reaches
+    the right answer only by chance."""
 
     steps: int = Field(6, ge=1, le=30)
     """Operations per problem (= reasoning steps of the worked solution)."""
@@ -124,11 +126,22 @@ class TaskConfig(_Strict):
     ops: str = Field("+-", min_length=1)
     """Operators drawn uniformly per step: any non-empty, duplicate-free subset of `+-*`."""
 
+    letters: int = Field(8, ge=3, le=26)
+    """pointer: letters in the cycle (the first `letters` of a–z)."""
+
+    hops: int = Field(5, ge=1, le=60)
+    """pointer: links followed (= reasoning steps); not a multiple of `letters`."""
+
     seed: int = Field(0, ge=0)
     """Task seed: problem `index` of a split is a pure function of (seed, split, index)."""
 
     @model_validator(mode="after")
     def _ops_valid(self) -> TaskConfig:
+        if self.kind == "pointer" and self.hops % self.letters == 0:
+            raise ValueError(
+                f"hops = {self.hops} is a multiple of letters = {self.letters}: every answer would be the"
+                " start letter; choose another hops"
+            )
         bad = sorted(set(self.ops) - set("+-*"))
         if bad or len(set(self.ops)) != len(self.ops):
             raise ValueError(f"ops = {self.ops!r}: use distinct characters from '+-*' (bad: {bad})")
@@ -139,7 +152,8 @@ class ModelConfig(_Strict):
     """The tiny decoder-only transformer of the CPU testbed (probepo/models/gpt.py)."""
 
     vocab_size: int = Field(19, ge=2)
-    """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain)."""
+    """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain, letters + 8
+    for pointer)."""
 
     d_model: int = Field(64, ge=8)
     """Residual stream width."""
@@ -260,6 +274,9 @@ class EvalConfig(_Strict):
 
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature of the evaluation (0: greedy, then k is forced to 1)."""
+
+    greedy: bool = True
+    """Also evaluate greedy decoding (temperature 0) on the same problems (`evaluate/greedy_accuracy`)."""
 
     seed: int = Field(1234, ge=0)
     """Seed of evaluation sampling: fixed across runs so that arms see the same random stream."""

@@ -6,34 +6,58 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from probepo.stages import TRAINING_STAGES
 from probepo.store import ArtifactStore
 
 ACCURACY = "evaluate/accuracy"
 STDERR = "evaluate/stderr"
+GREEDY = "evaluate/greedy_accuracy"
 
 
 @dataclass
 class RunCurves:
-    """What a report needs of one run, by update."""
+    """What a report needs of one run: its evaluations, and its training reward and cost by update."""
 
     run_id: str
     algorithm: str
     eval_updates: list[int]
     accuracy: list[float]
+    """Mean@k at the evaluation temperature, at each evaluated update."""
     stderr: list[float]
+    greedy: list[float]
+    """Greedy accuracy at each evaluated update (empty if the run did not evaluate greedily)."""
     reward: list[float]
     """Mean backbone reward of each training update."""
     sampled_tokens: list[float]
     """Cumulative generated tokens (backbone and probes) after each training update."""
     wall_s: list[float]
-    """Cumulative stage wall time after each training update."""
+    """Cumulative wall time of the training stages (evaluations excluded) after each training update."""
 
     @property
     def gain_points(self) -> float:
         """Accuracy points gained from the first to the last evaluation."""
         return 100.0 * (self.accuracy[-1] - self.accuracy[0]) if len(self.accuracy) > 1 else math.nan
+
+    def _at_evals(self, cumulative: list[float]) -> list[float]:
+        # Policy u is evaluated before update u trains: it has cost the updates 0..u-1.
+        return [cumulative[u - 1] if u > 0 else 0.0 for u in self.eval_updates]
+
+    @property
+    def eval_tokens(self) -> list[float]:
+        """Sampled tokens spent to reach each evaluated policy."""
+        return self._at_evals(self.sampled_tokens)
+
+    @property
+    def eval_wall_s(self) -> list[float]:
+        """Training wall time spent to reach each evaluated policy."""
+        return self._at_evals(self.wall_s)
+
+    def accuracy_at(self, update: int) -> float:
+        """Accuracy of policy `update`; KeyError naming the evaluated updates if it was not evaluated."""
+        if update not in self.eval_updates:
+            raise KeyError(f"run {self.run_id} was not evaluated at update {update} ({self.eval_updates})")
+        return self.accuracy[self.eval_updates.index(update)]
 
 
 def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
@@ -45,7 +69,7 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
     tokens, wall, total_tokens, total_wall = [], [], 0.0, 0.0
     for m in trained:
         total_tokens += m.get("sample/tokens", 0) + m.get("probe/tokens", 0)
-        total_wall += sum(v for k, v in m.items() if k.endswith("/wall_s"))
+        total_wall += sum(m.get(f"{stage}/wall_s", 0.0) for stage in TRAINING_STAGES)
         tokens.append(total_tokens)
         wall.append(total_wall)
     return RunCurves(
@@ -54,6 +78,7 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
         eval_updates=[m["update"] for m in evals],
         accuracy=[m[ACCURACY] for m in evals],
         stderr=[m.get(STDERR, 0.0) for m in evals],
+        greedy=[m[GREEDY] for m in evals if GREEDY in m],
         reward=[m["sample/reward_mean"] for m in trained],
         sampled_tokens=tokens,
         wall_s=wall,
@@ -61,43 +86,53 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
 
 
 def plot(curves: Sequence[RunCurves], path: Path) -> Path:
-    """Accuracy by update (with ±1 standard error) and training reward by update, one line per run."""
+    """Held-out accuracy by update (±1 standard error), by sampled tokens and by training wall time, and
+    the training reward by update: one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    by_update, by_tokens, by_wall, rewards = axes.flat
     for c in curves:
         label = f"{c.algorithm} ({c.run_id})"
-        left.errorbar(
-            c.eval_updates,
-            [100 * a for a in c.accuracy],
-            yerr=[100 * s for s in c.stderr],
-            marker="o",
-            capsize=3,
-            label=label,
+        percent = [100 * a for a in c.accuracy]
+        by_update.errorbar(
+            c.eval_updates, percent, yerr=[100 * s for s in c.stderr], marker="o", capsize=3, label=label
         )
-        right.plot(range(len(c.reward)), c.reward, label=label, alpha=0.8)
-    left.set(xlabel="update", ylabel="eval accuracy (%)", title="Held-out accuracy")
-    right.set(xlabel="update", ylabel="mean reward", title="Training reward (backbone samples)")
-    for ax in (left, right):
+        by_tokens.plot(c.eval_tokens, percent, marker="o", label=label)
+        by_wall.plot(c.eval_wall_s, percent, marker="o", label=label)
+        rewards.plot(range(len(c.reward)), c.reward, label=label, alpha=0.8)
+    by_update.set(xlabel="update", ylabel="eval accuracy (%)", title="Held-out accuracy by update")
+    by_tokens.set(xlabel="sampled tokens (backbone + probes)", ylabel="eval accuracy (%)", title="by tokens")
+    by_wall.set(xlabel="training wall time (s)", ylabel="eval accuracy (%)", title="by wall time")
+    rewards.set(xlabel="update", ylabel="mean reward", title="Training reward (backbone samples)")
+    for ax in axes.flat:
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
 
 def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
-    """A comparison table: accuracy at each evaluation, gain, tokens and wall time per run."""
+    """A comparison table: accuracy at each evaluation, final greedy accuracy, gain, tokens and wall time."""
     updates = sorted({u for c in curves for u in c.eval_updates})
-    head = ["run", "algorithm", *[f"acc@{u}" for u in updates], "gain (points)", "sampled tokens", "wall (s)"]
+    head = [
+        "run",
+        "algorithm",
+        *[f"acc@{u}" for u in updates],
+        "greedy (last)",
+        "gain (points)",
+        "sampled tokens",
+        "training wall (s)",
+    ]
     rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in curves:
-        by_update: dict[int, Any] = {
+        by_update = {
             u: f"{100 * a:.1f} ± {100 * s:.1f}"
             for u, a, s in zip(c.eval_updates, c.accuracy, c.stderr, strict=True)
         }
@@ -105,6 +140,7 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
             c.run_id,
             c.algorithm,
             *[by_update.get(u, "–") for u in updates],
+            f"{100 * c.greedy[-1]:.1f}" if c.greedy else "–",
             f"{c.gain_points:+.1f}",
             f"{c.sampled_tokens[-1]:,.0f}" if c.sampled_tokens else "–",
             f"{c.wall_s[-1]:.0f}" if c.wall_s else "–",
@@ -112,7 +148,8 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
         rows.append("| " + " | ".join(cells) + " |")
     text = (
         "\n".join(rows)
-        + "\n\nAccuracy: Mean@k on the fixed evaluation set, ± one standard error over problems.\n"
+        + "\n\nAccuracy: Mean@k at the evaluation temperature on the fixed evaluation set, ± one standard"
+        " error over problems. Training wall time excludes evaluations.\n"
     )
     if plot_name:
         text += f"\n![curves]({plot_name})\n"

@@ -10,6 +10,7 @@ from probepo.algo.advantage import group_advantages, group_stats
 from probepo.config import with_overrides
 from probepo.data import build_task
 from probepo.pipeline import train
+from probepo.report import load_curves, write_report
 from probepo.stages import TRAINING_STAGES, warmup
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
@@ -124,3 +125,26 @@ def test_probepo_without_pivots_or_weight_trains_exactly_like_grpo(runs, warm_st
     final = warm_store.read_stage(run, 2, "checkpoint")["model.safetensors"]
     assert final == warm_store.read_stage("stages-grpo", 2, "checkpoint")["model.safetensors"]
     assert final != warm_store.read_stage("stages-probepo", 2, "checkpoint")["model.safetensors"]
+
+
+def test_evaluation_reports_sampled_and_greedy_accuracy(runs, warm_store):
+    summary = warm_store.marker("stages-probepo", 1, "evaluate")["summary"]
+    assert 0.0 <= summary["accuracy"] <= 1.0 and 0.0 <= summary["greedy_accuracy"] <= 1.0
+    table = table_from_parquet(warm_store.read_stage("stages-probepo", 1, "evaluate")["eval.parquet"])
+    assert np.mean(np.asarray(table["greedy_correct"])) == pytest.approx(summary["greedy_accuracy"])
+
+
+def test_report_reads_costs_and_curves(runs, warm_store, tmp_path):
+    curves = {algo: load_curves(warm_store, f"stages-{algo}") for algo in runs}
+    for algo, c in curves.items():
+        assert c.algorithm == algo and c.eval_updates == [0, 1, 2] and len(c.greedy) == 3
+        assert c.eval_tokens[0] == 0.0 and c.eval_tokens[1:] == c.sampled_tokens
+        assert c.eval_wall_s[1:] == c.wall_s and c.wall_s[0] > 0
+        assert c.accuracy_at(2) == runs[algo][2]["evaluate/accuracy"]
+    # Probes cost tokens; GRPO samples only the backbone (same prompts and seeds in both runs).
+    assert curves["probepo"].sampled_tokens[0] > curves["grpo"].sampled_tokens[0]
+    assert curves["vineppo"].sampled_tokens[0] > curves["probepo"].sampled_tokens[0]
+    report = write_report(warm_store, [f"stages-{algo}" for algo in runs], tmp_path, title="t")
+    text = report.read_text()
+    assert "stages-vineppo" in text and "greedy (last)" in text
+    assert (tmp_path / "curves.png").stat().st_size > 10_000

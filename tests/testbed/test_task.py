@@ -126,3 +126,46 @@ def test_bad_split_index_and_config_are_named():
         TaskConfig(modulus=1)
     task = build_task(TaskConfig(steps=2, modulus=7, ops="*", seed=1))
     assert task.problem(0, "train").prompt.count("*") == 2
+
+
+POINTER = build_task(TaskConfig(kind="pointer", letters=8, hops=5, seed=2))
+
+
+def follow(prompt):
+    """The answer by following the prompt's links, independent of the task's own code."""
+    links, start = prompt[:-1].split("|")
+    following = dict(link for link in links.split(","))
+    here = start
+    for _ in range(5):
+        here = following[here]
+    return here, following
+
+
+def test_pointer_problems_are_single_cycles_with_right_solutions():
+    for i in range(100):
+        p = POINTER.problem(i, "train")
+        answer, following = follow(p.prompt)
+        assert p.answer == answer and answer != p.prompt[-2]
+        seen, here = set(), "a"  # one cycle through all letters: no shortcut to the answer
+        while here not in seen:
+            seen.add(here)
+            here = following[here]
+        assert len(seen) == 8
+        assert p.solution.count(";") == 5
+        assert POINTER.verify(POINTER.tokenizer.decode(POINTER.solution_ids(p)), p) == 1.0
+        assert POINTER.step_end(POINTER.solution_ids(p)).count(True) == 5
+
+
+def test_pointer_verifier_is_strict_and_splits_are_disjoint():
+    p = POINTER.problem(0, "eval")
+    wrong = next(ch for ch in "abcdefgh" if ch != p.answer)
+    assert POINTER.verify(f">{p.answer}$", p) == 1.0
+    for text in (f">{wrong}$", f">{p.answer}", f">{p.answer}{p.answer}$", f"ab;>{p.answer}$x", ""):
+        assert POINTER.verify(text, p) == 0.0
+    train = {POINTER.problem(i, "train").prompt for i in range(200)}
+    assert not train & {POINTER.problem(i, "eval").prompt for i in range(200)}
+
+
+def test_pointer_config_rejects_a_trivial_hop_count():
+    with pytest.raises(ValidationError, match="hops = 16 is a multiple of letters = 8"):
+        TaskConfig(kind="pointer", letters=8, hops=16)

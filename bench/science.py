@@ -1,0 +1,456 @@
+"""Evidence: GRPO vs ProbePO vs VinePPO-dense on the CPU testbeds, over seeds, with intervals.
+
+    .venv/bin/python bench/science.py                 # every arm of PLAN (resumable: rerun to continue)
+    .venv/bin/python bench/science.py --analyse-only  # tables, plots and results from the store as it is
+
+Each (testbed, arm, seed) is one `pipeline.train` run in its own process (one torch thread; `--jobs` at
+once) in one store (`--store`, default out/science/store). Runs are named by their recipe, so a rerun
+skips finished runs and resumes interrupted ones. All seeds of a testbed start from one shared warm-up
+checkpoint and are evaluated on the same 1,024 held-out prompts at temperature 1 and greedily.
+
+Pairing: seed s of every arm samples the same prompt batches and starts from the same checkpoint, so
+arm differences are paired by seed (paired bootstrap over seeds).
+
+Equal sampled tokens: the GRPO arm runs GRPO_HORIZON × the updates. Its first N updates are exactly a
+run of N updates (prompt batches and stage seeds derive from (seed, update), nothing depends on the
+horizon), so it gives the equal-updates comparison at update N, and its accuracy where its cumulative
+sampled tokens equal ProbePO's at update N gives the equal-tokens one (linear between evaluations).
+
+STATED IN ADVANCE (committed before any science run): the primary comparison is ProbePO with its
+defaults minus GRPO on the `modchain` testbed (the embedded default, configs/cpu-demo.yaml: 6-step mod-10
+chains, warm-up into [25 %, 50 %], 80 updates of 16 prompts × 8 responses, lr 2e-4), measured as the
+temperature-1 accuracy of the policy after update 80 on the 1,024 fixed held-out prompts, over 10 paired
+seeds, with a 95 % paired-bootstrap interval. Every other comparison here is secondary or exploratory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import time
+from collections.abc import Sequence
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from benchlib import machine
+
+from probepo.config import RunConfig, load_run_config
+from probepo.report import RunCurves, load_curves
+from probepo.stats import first_reach, mean_and_stderr, paired_bootstrap_ci, value_at
+from probepo.store import ArtifactStore, open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+GRPO_HORIZON = 4
+"""The GRPO arm trains this many times the updates (ProbePO samples ~3.5× GRPO's tokens per update)."""
+PRIMARY = ("modchain", "probepo", "grpo")
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm: overrides of the testbed's preset, and how many seeds."""
+
+    name: str
+    overrides: dict[str, Any]
+    seeds: int
+    about: str
+
+
+@dataclass(frozen=True)
+class Testbed:
+    """A preset plus what every arm on it shares."""
+
+    name: str
+    preset: str
+    updates: int
+    arms: tuple[Arm, ...]
+    overrides: dict[str, Any] = field(default_factory=lambda: {"eval.every": 10})
+
+
+def _arms(seeds: int, primary_seeds: int, *extra: Arm) -> tuple[Arm, ...]:
+    return (
+        Arm("grpo", {"algo.algorithm": "grpo"}, primary_seeds, "GRPO (run to 4× the updates, see above)"),
+        Arm("probepo", {}, primary_seeds, "ProbePO, defaults (5 pivots × 8 continuations, κ 4, λ 1)"),
+        Arm("probepo_kappa0", {"algo.kappa": 0.0}, seeds, "ProbePO without shrinkage (κ = 0)"),
+        Arm("probepo_random", {"algo.selector": "random"}, seeds, "ProbePO, random pivot placement"),
+        Arm("vineppo", {"algo.algorithm": "vineppo"}, seeds, "every step boundary × 8, MC values, no GRPO"),
+        *extra,
+    )
+
+
+LEVERS = (
+    Arm("probepo_w4", {"algo.residual_weight": 4.0}, 5, "residual weight λ = 4"),
+    Arm("probepo_mixed_only", {"algo.probe_uniform_groups": False}, 5, "probe only mixed-reward groups"),
+    Arm("probepo_groupstd", {"algo.residual_scale": "group_std"}, 5, "residual divided by the group std"),
+    Arm(
+        "probepo_p10k4",
+        {"algo.max_pivots": 10, "algo.continuations_per_pivot": 4},
+        5,
+        "same budget, 10 pivots × 4 continuations",
+    ),
+)
+
+PLAN = (
+    Testbed("modchain", "configs/cpu-demo.yaml", 80, _arms(5, 10, *LEVERS)),
+    Testbed("pointer", "configs/cpu-pointer.yaml", 80, _arms(5, 5)),
+)
+
+
+def arm_config(testbed: Testbed, arm: Arm, seed: int, store: str) -> RunConfig:
+    overrides = {**testbed.overrides, **arm.overrides, "seed": seed, "store": store}
+    overrides["num_updates"] = testbed.updates * (GRPO_HORIZON if arm.name == "grpo" else 1)
+    return load_run_config(ROOT / testbed.preset, **overrides)
+
+
+def run_id(testbed: Testbed, arm: Arm, config: RunConfig) -> str:
+    recipe = config.model_dump_json(exclude={"store"})
+    return f"sci-{testbed.name}-{arm.name}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
+
+
+def _train(config_json: str, run: str, log: str) -> str:
+    """One run in a worker process, its output in `log`; returns the run id."""
+    with open(log, "a") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        from probepo.pipeline import train
+
+        train(RunConfig.model_validate_json(config_json), run)
+    return run
+
+
+def _warmup(config_json: str, log: str) -> str:
+    with open(log, "a") as out:
+        os.dup2(out.fileno(), 1)
+        os.dup2(out.fileno(), 2)
+        from probepo.pipeline import ensure_warmup
+
+        config = RunConfig.model_validate_json(config_json)
+        return ensure_warmup(config, open_store(config.store))
+
+
+def execute(plan: Sequence[Testbed], store_url: str, jobs: int, logs: Path) -> None:
+    """Run every missing (testbed, arm, seed), `jobs` processes at a time: warm-ups first, then the runs,
+    longest first. A failed run is reported with its log and the others go on."""
+    from probepo.pipeline import resume_point
+
+    store = open_store(store_url)
+    logs.mkdir(parents=True, exist_ok=True)
+    todo = []
+    for testbed in plan:
+        for arm in testbed.arms:
+            for seed in range(arm.seeds):
+                config = arm_config(testbed, arm, seed, store_url)
+                run = run_id(testbed, arm, config)
+                if not resume_point(store, run, config).done:
+                    todo.append((config, run, testbed.name))
+    cost = {"vineppo": 4.0, "grpo": 3.0}
+    order = {t.name: i for i, t in enumerate(plan)}  # testbed by testbed, the longest runs first in each
+    todo.sort(key=lambda item: (order[item[2]], -cost.get(item[0].algo.algorithm, 1.0)))
+    print(f"{len(todo)} runs to do in {store_url} ({jobs} at a time); logs in {logs}", flush=True)
+    context = get_context("spawn")
+    started = time.perf_counter()
+    with ProcessPoolExecutor(jobs, mp_context=context, max_tasks_per_child=1) as pool:
+        warmups = {
+            pool.submit(
+                _warmup,
+                arm_config(t, t.arms[0], 0, store_url).model_dump_json(),
+                str(logs / f"warmup-{t.name}.log"),
+            )
+            for t in plan
+        }
+        for done in wait(warmups).done:
+            print(f"warm-up {done.result()} ready", flush=True)
+        pending = {pool.submit(_train, c.model_dump_json(), r, str(logs / f"{r}.log")): r for c, r, _ in todo}
+        finished = 0
+        while pending:
+            done, _ = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                run = pending.pop(future)
+                finished += 1
+                error = future.exception()
+                status = f"FAILED ({error}; see {logs / f'{run}.log'})" if error else "done"
+                elapsed = time.perf_counter() - started
+                print(f"[{elapsed:7.0f}s] {finished}/{len(todo)} {run}: {status}", flush=True)
+
+
+@dataclass
+class ArmResult:
+    """What one arm's seeds gave, paired by seed index."""
+
+    arm: Arm
+    curves: list[RunCurves]
+
+
+def collect(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, dict[str, ArmResult]]:
+    """The finished runs of every arm (an arm appears with the seeds that have finished)."""
+    results: dict[str, dict[str, ArmResult]] = {}
+    stored = set(store.runs())
+    for testbed in plan:
+        for arm in testbed.arms:
+            curves = []
+            for seed in range(arm.seeds):
+                config = arm_config(testbed, arm, seed, store.url)
+                run = run_id(testbed, arm, config)
+                curve = load_curves(store, run) if run in stored else None
+                if curve is None or not curve.eval_updates or curve.eval_updates[-1] != config.num_updates:
+                    break  # seeds are paired by index: stop at the first unfinished one
+                curves.append(curve)
+            if curves:
+                results.setdefault(testbed.name, {})[arm.name] = ArmResult(arm, curves)
+    return results
+
+
+def _summary(values: Sequence[float]) -> dict[str, float]:
+    mean, se = mean_and_stderr(values)
+    return {"mean": round(100 * mean, 2), "se": round(100 * se, 2)}
+
+
+def _diff(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    n = min(len(a), len(b))
+    mean, low, high = paired_bootstrap_ci(a[:n], b[:n])
+    return {"mean": round(100 * mean, 2), "ci95": [round(100 * low, 2), round(100 * high, 2)], "seeds": n}
+
+
+def analyse(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, Any]:
+    """Per testbed: each arm's final accuracies (temperature 1 and greedy), tokens and wall time; every
+    arm minus GRPO at equal updates; ProbePO minus GRPO at equal sampled tokens; VinePPO time-to-reach."""
+    collected = collect(plan, store)
+    out: dict[str, Any] = {}
+    for testbed in plan:
+        arms = collected.get(testbed.name, {})
+        n = testbed.updates
+        final = {name: [c.accuracy_at(n) for c in r.curves] for name, r in arms.items()}
+        entry: dict[str, Any] = {"preset": testbed.preset, "updates": n, "arms": {}}
+        for name, result in arms.items():
+            curves = result.curves
+            at_n = [c.eval_updates.index(n) for c in curves]
+            entry["arms"][name] = {
+                "about": result.arm.about,
+                "overrides": result.arm.overrides,
+                "seeds": [round(a, 4) for a in final[name]],
+                "accuracy": _summary(final[name]),
+                "greedy": _summary([c.greedy[i] for c, i in zip(curves, at_n, strict=True)])
+                if all(c.greedy for c in curves)
+                else None,
+                "start": _summary([c.accuracy[0] for c in curves]),
+                "sampled_tokens": round(
+                    sum(c.eval_tokens[i] for c, i in zip(curves, at_n, strict=True)) / len(curves)
+                ),
+                "training_wall_s": round(
+                    sum(c.eval_wall_s[i] for c, i in zip(curves, at_n, strict=True)) / len(curves), 1
+                ),
+            }
+        if "grpo" in arms:
+            entry["minus_grpo_equal_updates"] = {
+                name: _diff(final[name], final["grpo"]) for name in arms if name != "grpo"
+            }
+        if "grpo" in arms and "probepo" in arms:
+            pairs = list(zip(arms["probepo"].curves, arms["grpo"].curves))  # noqa: B905 (paired prefix)
+            matched = [
+                value_at(g.eval_tokens, g.accuracy, p.eval_tokens[p.eval_updates.index(n)]) for p, g in pairs
+            ]
+            entry["grpo_token_matched"] = {
+                "seeds": [round(a, 4) for a in matched],
+                "accuracy": _summary(matched) if not any(math.isnan(a) for a in matched) else None,
+            }
+            if not any(math.isnan(a) for a in matched):
+                entry["probepo_minus_grpo_equal_tokens"] = _diff(
+                    [final["probepo"][i] for i in range(len(pairs))], matched
+                )
+        if "vineppo" in arms and "probepo" in arms:
+            entry["vineppo_time_to_reach"] = _time_to_reach(arms["probepo"].curves, arms["vineppo"].curves, n)
+        out[testbed.name] = entry
+    return out
+
+
+def _mean_curve(curves: Sequence[RunCurves], axis: str) -> tuple[list[float], list[float]]:
+    """(x, accuracy) averaged over seeds at each evaluated update; x is the mean update, tokens or wall."""
+    updates = curves[0].eval_updates
+    xs = {
+        "update": lambda c: [float(u) for u in c.eval_updates],
+        "tokens": lambda c: c.eval_tokens,
+        "wall": lambda c: c.eval_wall_s,
+    }[axis]
+    mean_x = [sum(xs(c)[i] for c in curves) / len(curves) for i in range(len(updates))]
+    mean_y = [sum(c.accuracy[i] for c in curves) / len(curves) for i in range(len(updates))]
+    return mean_x, mean_y
+
+
+def _time_to_reach(probepo: Sequence[RunCurves], vineppo: Sequence[RunCurves], n: int) -> dict[str, Any]:
+    """How much of VinePPO's training wall time (and tokens) the mean ProbePO curve needs to first reach
+    VinePPO's mean final accuracy (NaN if it never does within its N updates)."""
+    target = sum(c.accuracy_at(n) for c in vineppo) / len(vineppo)
+    result: dict[str, Any] = {"vineppo_final_accuracy": round(100 * target, 2)}
+    for axis in ("wall", "tokens"):
+        px, py = _mean_curve(probepo, axis)
+        vx, _ = _mean_curve(vineppo, axis)
+        reach = first_reach(px, py, target)
+        result[f"probepo_{axis}_to_reach"] = None if math.isnan(reach) else round(reach, 1)
+        result[f"vineppo_{axis}_total"] = round(vx[-1], 1)
+        result[f"ratio_{axis}"] = None if math.isnan(reach) else round(reach / vx[-1], 3)
+    return result
+
+
+def plot(plan: Sequence[Testbed], store: ArtifactStore, folder: Path) -> list[Path]:
+    """Per testbed: mean accuracy over seeds (±1 standard error across seeds) by update, by sampled
+    tokens and by training wall time, one line per arm."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    folder.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for testbed, arms in collect(plan, store).items():
+        fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+        for name, result in arms.items():
+            curves = result.curves
+            if name == "grpo":  # beyond N updates only the token and time axes are comparable
+                cut = curves[0].eval_updates.index(next(t.updates for t in plan if t.name == testbed))
+            else:
+                cut = len(curves[0].eval_updates) - 1
+            stderr = [
+                100 * mean_and_stderr([c.accuracy[i] for c in curves])[1]
+                for i in range(len(curves[0].eval_updates))
+            ]
+            for ax, axis in zip(axes, ("update", "tokens", "wall"), strict=True):
+                x, y = _mean_curve(curves, axis)
+                last = cut + 1 if axis == "update" else len(x)
+                ax.errorbar(
+                    x[:last],
+                    [100 * v for v in y[:last]],
+                    yerr=stderr[:last],
+                    capsize=2,
+                    marker=".",
+                    label=f"{name} ({len(curves)} seeds)",
+                )
+        for ax, label in zip(
+            axes, ("update", "sampled tokens (backbone + probes)", "training wall time (s)"), strict=True
+        ):
+            ax.set(xlabel=label, ylabel="held-out accuracy, temperature 1 (%)")
+            ax.grid(alpha=0.3)
+        axes[1].set_xscale("log")
+        axes[2].set_xscale("log")
+        axes[0].legend(fontsize=7)
+        fig.suptitle(f"{testbed}: mean over seeds ± 1 s.e. across seeds")
+        fig.tight_layout()
+        path = folder / f"science-{testbed}.png"
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The tables of docs/BENCHMARKS.md's science section."""
+    lines = []
+    for testbed, entry in results.items():
+        lines += [
+            f"### {testbed} ({entry['preset']}, {entry['updates']} updates)",
+            "",
+            "| arm | seeds | start | final, T = 1 | final, greedy | − GRPO, equal updates (95 % CI)"
+            " | sampled tokens | training wall (s) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        diffs = entry.get("minus_grpo_equal_updates", {})
+        for name, arm in entry["arms"].items():
+            greedy = f"{arm['greedy']['mean']:.1f} ± {arm['greedy']['se']:.1f}" if arm["greedy"] else "–"
+            d = diffs.get(name)
+            diff = f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if d else "–"
+            final = f"{arm['accuracy']['mean']:.1f} ± {arm['accuracy']['se']:.1f}"
+            lines.append(
+                f"| {name} | {len(arm['seeds'])} | {arm['start']['mean']:.1f} | {final} | {greedy} | {diff}"
+                f" | {arm['sampled_tokens']:,} | {arm['training_wall_s']:.0f} |"
+            )
+        matched = entry.get("grpo_token_matched")
+        if matched and matched["accuracy"]:
+            d = entry["probepo_minus_grpo_equal_tokens"]
+            lines += [
+                "",
+                "GRPO at ProbePO's sampled tokens (read off its longer run, linear between evaluations):"
+                f" {matched['accuracy']['mean']:.1f} ± {matched['accuracy']['se']:.1f} %;"
+                f" ProbePO − GRPO at equal sampled tokens: **{d['mean']:+.1f}** points, 95 % CI"
+                f" [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] ({d['seeds']} seeds).",
+            ]
+        reach = entry.get("vineppo_time_to_reach")
+        if reach:
+            ratio = reach["ratio_wall"]
+            lines += [
+                "",
+                f"VinePPO-dense final accuracy {reach['vineppo_final_accuracy']:.1f} % (start"
+                f" {entry['arms']['vineppo']['start']['mean']:.1f} %) after"
+                f" {reach['vineppo_wall_total']:.0f} s of training wall time;"
+                + (
+                    f" ProbePO's mean curve reaches it after {reach['probepo_wall_to_reach']:.0f} s ="
+                    f" **{ratio:.2f}×** VinePPO's time ({reach['ratio_tokens']:.2f}× its tokens)."
+                    if ratio is not None
+                    else " ProbePO's mean curve never reaches it within its updates."
+                ),
+            ]
+        lines += ["", f"![{testbed}](science/science-{testbed}.png)", ""]
+    return "\n".join(lines)
+
+
+def write_outputs(results: dict[str, Any], wall_s: float | None, command: str) -> None:
+    primary_testbed, a, b = PRIMARY
+    primary = results.get(primary_testbed, {})
+    path = ROOT / "bench" / "results" / "science.json"
+    if wall_s is None and path.exists():  # an analysis-only rerun keeps the wall time of the training
+        wall_s = json.loads(path.read_text()).get("wall_s")
+    payload = {
+        "primary": {
+            "stated_in_advance": f"{a} − {b} on {primary_testbed}, temperature-1 accuracy at the last update,"
+            " paired by seed, 95 % paired-bootstrap interval",
+            **(primary.get("minus_grpo_equal_updates", {}).get(a) or {}),
+        },
+        "arms": primary.get("arms", {}),
+        "probepo_minus_grpo": primary.get("minus_grpo_equal_updates", {}).get("probepo"),
+        "probepo_minus_grpo_equal_tokens": primary.get("probepo_minus_grpo_equal_tokens"),
+        "testbeds": results,
+        "wall_s": wall_s,
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "command": command,
+    }
+    path.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
+    docs = ROOT / "docs" / "BENCHMARKS.md"
+    text = docs.read_text()
+    begin, end = "<!-- science:begin (written by bench/science.py) -->", "<!-- science:end -->"
+    block = f"{begin}\n{markdown(results)}\n{end}"
+    if begin in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text += f"\n## Science: GRPO vs ProbePO vs VinePPO-dense\n\n{block}\n"
+    docs.write_text(text)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--store", default=str(ROOT / "out" / "science" / "store"))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="runs at once (one core each)")
+    parser.add_argument("--testbeds", nargs="*", help="only these testbeds (default: all of PLAN)")
+    parser.add_argument("--analyse-only", action="store_true", help="no training: analyse what is stored")
+    args = parser.parse_args()
+    plan = [t for t in PLAN if not args.testbeds or t.name in args.testbeds]
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # inherited by the spawned workers
+    started = time.perf_counter()
+    if not args.analyse_only:
+        execute(plan, args.store, args.jobs, ROOT / "out" / "science" / "logs")
+    wall = None if args.analyse_only else round(time.perf_counter() - started, 1)
+    store = open_store(args.store)
+    results = analyse(PLAN, store)
+    plot(PLAN, store, ROOT / "docs" / "science")
+    write_outputs(results, wall, "python " + " ".join(sys.argv[0:1] + sys.argv[1:]))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
