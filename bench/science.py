@@ -44,7 +44,7 @@ from benchlib import machine
 
 from probepo.config import RunConfig, load_run_config
 from probepo.report import RunCurves, load_curves
-from probepo.stats import first_reach, mean_and_stderr, paired_bootstrap_ci, value_at
+from probepo.stats import first_reach, mean_and_stderr, paired_bootstrap_ci, paired_t_ci95, value_at
 from probepo.store import ArtifactStore, open_store
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -61,6 +61,8 @@ class Arm:
     overrides: dict[str, Any]
     seeds: int
     about: str
+    horizon: int = 1
+    """Train this many times the testbed's updates (GRPO_HORIZON for the equal-tokens GRPO arm)."""
 
 
 @dataclass(frozen=True)
@@ -74,9 +76,12 @@ class Testbed:
     overrides: dict[str, Any] = field(default_factory=lambda: {"eval.every": 10})
 
 
+GRPO = {"algo.algorithm": "grpo"}
+
+
 def _arms(seeds: int, primary_seeds: int, *extra: Arm) -> tuple[Arm, ...]:
     return (
-        Arm("grpo", {"algo.algorithm": "grpo"}, primary_seeds, "GRPO (run to 4× the updates, see above)"),
+        Arm("grpo", GRPO, primary_seeds, "GRPO (run to 4× the updates, see above)", GRPO_HORIZON),
         Arm("probepo", {}, primary_seeds, "ProbePO, defaults (5 pivots × 8 continuations, κ 4, λ 1)"),
         Arm("probepo_kappa0", {"algo.kappa": 0.0}, seeds, "ProbePO without shrinkage (κ = 0)"),
         Arm("probepo_random", {"algo.selector": "random"}, seeds, "ProbePO, random pivot placement"),
@@ -97,15 +102,38 @@ LEVERS = (
     ),
 )
 
+EXPLORE = (
+    Arm("grpo", GRPO, 5, "GRPO"),
+    Arm("probepo", {}, 5, "ProbePO, defaults"),
+)
+"""Arms of the exploratory testbed variants (no equal-tokens arm: GRPO runs N updates only)."""
+
 PLAN = (
     Testbed("modchain", "configs/cpu-demo.yaml", 80, _arms(5, 10, *LEVERS)),
     Testbed("pointer", "configs/cpu-pointer.yaml", 80, _arms(5, 5)),
+    Testbed(
+        "modchain-lowstart",
+        "configs/cpu-demo.yaml",
+        80,
+        EXPLORE,
+        {"eval.every": 10, "warmup.accuracy_low": 0.08, "warmup.accuracy_high": 0.16},
+    ),
+    Testbed(
+        "modchain-p32", "configs/cpu-demo.yaml", 80, EXPLORE, {"eval.every": 10, "prompts_per_update": 32}
+    ),
+    Testbed(
+        "pointer-long",
+        "configs/cpu-pointer.yaml",
+        80,
+        EXPLORE,
+        {"eval.every": 10, "task.letters": 16, "task.hops": 13, "model.vocab_size": 24},
+    ),
 )
 
 
 def arm_config(testbed: Testbed, arm: Arm, seed: int, store: str) -> RunConfig:
     overrides = {**testbed.overrides, **arm.overrides, "seed": seed, "store": store}
-    overrides["num_updates"] = testbed.updates * (GRPO_HORIZON if arm.name == "grpo" else 1)
+    overrides["num_updates"] = testbed.updates * arm.horizon
     return load_run_config(ROOT / testbed.preset, **overrides)
 
 
@@ -114,25 +142,29 @@ def run_id(testbed: Testbed, arm: Arm, config: RunConfig) -> str:
     return f"sci-{testbed.name}-{arm.name}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
 
 
-def _train(config_json: str, run: str, log: str) -> str:
-    """One run in a worker process, its output in `log`; returns the run id."""
+def _log_to(log: str) -> None:
+    """Send this worker process's output (its own and its libraries') to `log`."""
     with open(log, "a") as out:
         os.dup2(out.fileno(), 1)
         os.dup2(out.fileno(), 2)
-        from probepo.pipeline import train
 
-        train(RunConfig.model_validate_json(config_json), run)
+
+def _train(config_json: str, run: str, log: str) -> str:
+    """One run in a worker process, its output in `log`; returns the run id."""
+    _log_to(log)
+    from probepo.pipeline import train
+
+    train(RunConfig.model_validate_json(config_json), run)
     return run
 
 
 def _warmup(config_json: str, log: str) -> str:
-    with open(log, "a") as out:
-        os.dup2(out.fileno(), 1)
-        os.dup2(out.fileno(), 2)
-        from probepo.pipeline import ensure_warmup
+    """A testbed's warm-up in a worker process; returns the warm-up run's id."""
+    _log_to(log)
+    from probepo.pipeline import ensure_warmup
 
-        config = RunConfig.model_validate_json(config_json)
-        return ensure_warmup(config, open_store(config.store))
+    config = RunConfig.model_validate_json(config_json)
+    return ensure_warmup(config, open_store(config.store))
 
 
 def execute(plan: Sequence[Testbed], store_url: str, jobs: int, logs: Path) -> None:
@@ -162,11 +194,19 @@ def execute(plan: Sequence[Testbed], store_url: str, jobs: int, logs: Path) -> N
                 _warmup,
                 arm_config(t, t.arms[0], 0, store_url).model_dump_json(),
                 str(logs / f"warmup-{t.name}.log"),
-            )
+            ): t.name
             for t in plan
         }
-        for done in wait(warmups).done:
-            print(f"warm-up {done.result()} ready", flush=True)
+        failed = set()
+        for future in wait(warmups).done:
+            if future.exception() is None:
+                print(f"warm-up of {warmups[future]}: {future.result()} ready", flush=True)
+            else:  # the other testbeds go on
+                failed.add(warmups[future])
+                print(
+                    f"warm-up of {warmups[future]} FAILED, its runs skipped: {future.exception()}", flush=True
+                )
+        todo = [item for item in todo if item[2] not in failed]
         pending = {pool.submit(_train, c.model_dump_json(), r, str(logs / f"{r}.log")): r for c, r, _ in todo}
         finished = 0
         while pending:
@@ -186,6 +226,24 @@ class ArmResult:
 
     arm: Arm
     curves: list[RunCurves]
+    diagnostics: list[dict[str, float]]
+
+
+def diagnostics(store: ArtifactStore, run: str, updates: int) -> dict[str, float]:
+    """Over the first `updates` updates: the mean |token advantage − GRPO advantage| relative to the mean
+    |GRPO advantage| (how much redistribution changes), the share of groups with no GRPO signal (all
+    rewards equal), and the success rate of probe continuations."""
+    records = [
+        m for m in store.read_metrics(run) if "advantage/seq_adv_abs_mean" in m and m["update"] < updates
+    ]
+    seq = sum(m["advantage/seq_adv_abs_mean"] for m in records)
+    return {
+        "residual_to_grpo_advantage": sum(m["advantage/residual_abs_mean"] for m in records) / seq
+        if seq
+        else 0.0,
+        "zero_signal_groups": sum(m["advantage/zero_signal_fraction"] for m in records) / len(records),
+        "probe_success_rate": sum(m.get("probe/success_rate", 0.0) for m in records) / len(records),
+    }
 
 
 def collect(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, dict[str, ArmResult]]:
@@ -194,7 +252,7 @@ def collect(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, dict[str
     stored = set(store.runs())
     for testbed in plan:
         for arm in testbed.arms:
-            curves = []
+            curves, diagnosed = [], []
             for seed in range(arm.seeds):
                 config = arm_config(testbed, arm, seed, store.url)
                 run = run_id(testbed, arm, config)
@@ -202,8 +260,9 @@ def collect(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, dict[str
                 if curve is None or not curve.eval_updates or curve.eval_updates[-1] != config.num_updates:
                     break  # seeds are paired by index: stop at the first unfinished one
                 curves.append(curve)
+                diagnosed.append(diagnostics(store, run, testbed.updates))
             if curves:
-                results.setdefault(testbed.name, {})[arm.name] = ArmResult(arm, curves)
+                results.setdefault(testbed.name, {})[arm.name] = ArmResult(arm, curves, diagnosed)
     return results
 
 
@@ -213,21 +272,31 @@ def _summary(values: Sequence[float]) -> dict[str, float]:
 
 
 def _diff(a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """mean(a − b) over the seeds both arms have, in points: the paired-bootstrap 95 % interval (`ci95`)
+    and the more conservative paired-t one (`ci95_t`)."""
     n = min(len(a), len(b))
     mean, low, high = paired_bootstrap_ci(a[:n], b[:n])
-    return {"mean": round(100 * mean, 2), "ci95": [round(100 * low, 2), round(100 * high, 2)], "seeds": n}
+    result = {"mean": round(100 * mean, 2), "ci95": [round(100 * low, 2), round(100 * high, 2)], "seeds": n}
+    if n >= 2:
+        _, t_low, t_high = paired_t_ci95(a[:n], b[:n])
+        result["ci95_t"] = [round(100 * t_low, 2), round(100 * t_high, 2)]
+    return result
 
 
-def analyse(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, Any]:
+def analyse(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]]) -> dict[str, Any]:
     """Per testbed: each arm's final accuracies (temperature 1 and greedy), tokens and wall time; every
     arm minus GRPO at equal updates; ProbePO minus GRPO at equal sampled tokens; VinePPO time-to-reach."""
-    collected = collect(plan, store)
     out: dict[str, Any] = {}
     for testbed in plan:
         arms = collected.get(testbed.name, {})
         n = testbed.updates
         final = {name: [c.accuracy_at(n) for c in r.curves] for name, r in arms.items()}
-        entry: dict[str, Any] = {"preset": testbed.preset, "updates": n, "arms": {}}
+        entry: dict[str, Any] = {
+            "preset": testbed.preset,
+            "overrides": testbed.overrides,
+            "updates": n,
+            "arms": {},
+        }
         for name, result in arms.items():
             curves = result.curves
             at_n = [c.eval_updates.index(n) for c in curves]
@@ -246,6 +315,10 @@ def analyse(plan: Sequence[Testbed], store: ArtifactStore) -> dict[str, Any]:
                 "training_wall_s": round(
                     sum(c.eval_wall_s[i] for c, i in zip(curves, at_n, strict=True)) / len(curves), 1
                 ),
+                "diagnostics": {
+                    key: round(sum(d[key] for d in result.diagnostics) / len(result.diagnostics), 4)
+                    for key in result.diagnostics[0]
+                },
             }
         if "grpo" in arms:
             entry["minus_grpo_equal_updates"] = {
@@ -298,7 +371,7 @@ def _time_to_reach(probepo: Sequence[RunCurves], vineppo: Sequence[RunCurves], n
     return result
 
 
-def plot(plan: Sequence[Testbed], store: ArtifactStore, folder: Path) -> list[Path]:
+def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], folder: Path) -> list[Path]:
     """Per testbed: mean accuracy over seeds (±1 standard error across seeds) by update, by sampled
     tokens and by training wall time, one line per arm."""
     import matplotlib
@@ -308,7 +381,7 @@ def plot(plan: Sequence[Testbed], store: ArtifactStore, folder: Path) -> list[Pa
 
     folder.mkdir(parents=True, exist_ok=True)
     paths = []
-    for testbed, arms in collect(plan, store).items():
+    for testbed, arms in collected.items():
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         for name, result in arms.items():
             curves = result.curves
@@ -348,26 +421,36 @@ def plot(plan: Sequence[Testbed], store: ArtifactStore, folder: Path) -> list[Pa
     return paths
 
 
+def _interval(d: dict[str, Any]) -> str:
+    text = f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
+    return text + (f" (t: [{d['ci95_t'][0]:+.1f}, {d['ci95_t'][1]:+.1f}])" if "ci95_t" in d else "")
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The tables of docs/BENCHMARKS.md's science section."""
     lines = []
     for testbed, entry in results.items():
+        if not entry["arms"]:
+            continue
+        settings = ", ".join(f"{k} = {v}" for k, v in entry["overrides"].items())
         lines += [
-            f"### {testbed} ({entry['preset']}, {entry['updates']} updates)",
+            f"### {testbed} ({entry['preset']}; {settings}; {entry['updates']} updates)",
             "",
-            "| arm | seeds | start | final, T = 1 | final, greedy | − GRPO, equal updates (95 % CI)"
-            " | sampled tokens | training wall (s) |",
-            "|---|---|---|---|---|---|---|---|",
+            "| arm | seeds | start | final, T = 1 | final, greedy"
+            " | − GRPO, equal updates: 95 % CI bootstrap (t) | sampled tokens | training wall (s)"
+            " | residual / GRPO advantage |",
+            "|---|---|---|---|---|---|---|---|---|",
         ]
         diffs = entry.get("minus_grpo_equal_updates", {})
         for name, arm in entry["arms"].items():
             greedy = f"{arm['greedy']['mean']:.1f} ± {arm['greedy']['se']:.1f}" if arm["greedy"] else "–"
             d = diffs.get(name)
-            diff = f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]" if d else "–"
+            diff = _interval(d) if d else "–"
             final = f"{arm['accuracy']['mean']:.1f} ± {arm['accuracy']['se']:.1f}"
             lines.append(
                 f"| {name} | {len(arm['seeds'])} | {arm['start']['mean']:.1f} | {final} | {greedy} | {diff}"
-                f" | {arm['sampled_tokens']:,} | {arm['training_wall_s']:.0f} |"
+                f" | {arm['sampled_tokens']:,} | {arm['training_wall_s']:.0f}"
+                f" | {arm['diagnostics']['residual_to_grpo_advantage']:.2f} |"
             )
         matched = entry.get("grpo_token_matched")
         if matched and matched["accuracy"]:
@@ -377,7 +460,7 @@ def markdown(results: dict[str, Any]) -> str:
                 "GRPO at ProbePO's sampled tokens (read off its longer run, linear between evaluations):"
                 f" {matched['accuracy']['mean']:.1f} ± {matched['accuracy']['se']:.1f} %;"
                 f" ProbePO − GRPO at equal sampled tokens: **{d['mean']:+.1f}** points, 95 % CI"
-                f" [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}] ({d['seeds']} seeds).",
+                f" {_interval(d).split(' ', 1)[1]} ({d['seeds']} seeds).",
             ]
         reach = entry.get("vineppo_time_to_reach")
         if reach:
@@ -445,9 +528,9 @@ def main() -> None:
     if not args.analyse_only:
         execute(plan, args.store, args.jobs, ROOT / "out" / "science" / "logs")
     wall = None if args.analyse_only else round(time.perf_counter() - started, 1)
-    store = open_store(args.store)
-    results = analyse(PLAN, store)
-    plot(PLAN, store, ROOT / "docs" / "science")
+    collected = collect(PLAN, open_store(args.store))
+    results = analyse(PLAN, collected)
+    plot(PLAN, collected, ROOT / "docs" / "science")
     write_outputs(results, wall, "python " + " ".join(sys.argv[0:1] + sys.argv[1:]))
     print(markdown(results))
 

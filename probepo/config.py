@@ -114,7 +114,7 @@ class TaskConfig(_Strict):
     kind: Literal["modchain", "pointer"] = "modchain"
     """modchain: chained arithmetic modulo `modulus` with a worked chain of thought, e.g.
     `3+5-2=` → `3+5=8;8-2=6;>6` (vocabulary 19). pointer: follow `hops` links of a random cycle over
-    `letters` letters, e.g. `ac,cb,ba|b=` → `ba;ac;>c` (vocabulary letters + 8): a wrong chain reaches
+    `letters` letters, e.g. `ac,ba,cb|b=` → `ba;ac;>c` (vocabulary letters + 8): a wrong chain reaches
     the right answer only by chance."""
 
     steps: int = Field(6, ge=1, le=30)

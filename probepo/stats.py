@@ -55,3 +55,21 @@ def first_reach(xs: Sequence[float], ys: Sequence[float], target: float) -> floa
         if y1 >= target:
             return x0 + (x1 - x0) * (target - y0) / (y1 - y0)
     return math.nan
+
+
+# Two-sided 95 % quantiles of Student's t for 1..30 degrees of freedom.
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145,
+         2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048,
+         2.045, 2.042)  # fmt: skip
+
+
+def paired_t_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """(mean, low, high) of mean(a − b) with the paired Student-t 95 % interval. With few seeds the
+    percentile bootstrap is too narrow (it ignores that the spread itself is estimated); this is the
+    conservative companion. Beyond 30 degrees of freedom, 1.96 + 2.4 / df (within 0.003 of the exact)."""
+    if len(a) != len(b) or len(a) < 2:
+        raise ValueError(f"paired_t_ci95 needs two equal lists of >= 2 values (got {len(a)} and {len(b)})")
+    mean, se = mean_and_stderr([x - y for x, y in zip(a, b, strict=True)])
+    df = len(a) - 1
+    half = (_T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df) * se
+    return mean, mean - half, mean + half

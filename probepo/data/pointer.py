@@ -1,8 +1,8 @@
 """Pointer chasing over one random cycle: a task where the chain of thought is necessary.
 
-The prompt lists a permutation of `letters` letters as `x>y` links (in shuffled order), then a start
-letter: `ac,cb,ba|b=` reads a→c, c→b, b→a, start at b. The worked solution follows `hops` links, one
-step each, then states where it lands: `ba;ac;cb;>b` then EOS. The permutation is a single cycle
+The prompt lists a permutation of `letters` letters as `xy` links (in alphabetical order of x), then a
+start letter: `ac,ba,cb|b=` reads a→c, b→a, c→b, start at b. The worked solution follows `hops` links, one
+step each, then states where it lands (2 hops: `ba;ac;>c`) then EOS. The permutation is a single cycle
 through all letters (NOTES.md, "Pointer-chasing traps"): with a random function wrong chains could
 converge on the right answer, and with a random permutation "answer = start" would often pay. On one
 cycle with hops not a multiple of its length, a wrong chain lands on the right letter by chance only.
@@ -38,7 +38,7 @@ class PointerTask(Task):
     def _draw(self, rng: random.Random) -> Problem:
         cycle = rng.sample(self.letters, len(self.letters))
         following = {a: cycle[(i + 1) % len(cycle)] for i, a in enumerate(cycle)}
-        links = [f"{a}{following[a]}" for a in rng.sample(self.letters, len(self.letters))]
+        links = [f"{a}{following[a]}" for a in self.letters]
         start = rng.choice(self.letters)
         here, chain = start, []
         for _ in range(self.hops):

@@ -148,3 +148,17 @@ def test_report_reads_costs_and_curves(runs, warm_store, tmp_path):
     text = report.read_text()
     assert "stages-vineppo" in text and "greedy (last)" in text
     assert (tmp_path / "curves.png").stat().st_size > 10_000
+
+
+def test_a_longer_run_starts_as_the_shorter_one(runs, warm_store):
+    # bench/science.py reads GRPO at update N off a run of 4N updates: its first N updates must be
+    # exactly a run of N updates (batches and seeds derive from (seed, update), never from the horizon).
+    train(tiny_config("grpo", num_updates=1), "horizon-1", store=warm_store)
+    short = warm_store.read_stage("horizon-1", 1, "checkpoint")
+    long = warm_store.read_stage("stages-grpo", 1, "checkpoint")
+    assert short["model.safetensors"] == long["model.safetensors"]
+
+    def without_timings(record: dict) -> dict:
+        return {k: v for k, v in record.items() if not k.endswith("wall_s")}
+
+    assert without_timings(warm_store.read_metrics("horizon-1")[0]) == without_timings(runs["grpo"][0])

@@ -1,0 +1,66 @@
+"""bench/science.py's analysis on hand-made curves: pairing, equal-token matching, VinePPO time-to-reach."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from probepo.report import RunCurves
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import science
+
+N = 2
+DIAGNOSED = {"residual_to_grpo_advantage": 0.1, "zero_signal_groups": 0.5, "probe_success_rate": 0.3}
+
+
+def curves(name: str, accuracy: list[float], tokens_per_update: float, wall_per_update: float) -> RunCurves:
+    updates = len(accuracy) - 1
+    return RunCurves(
+        run_id=name,
+        algorithm=name,
+        eval_updates=list(range(updates + 1)),
+        accuracy=accuracy,
+        stderr=[0.01] * len(accuracy),
+        greedy=[a + 0.1 for a in accuracy],
+        reward=[0.3] * updates,
+        sampled_tokens=[tokens_per_update * (u + 1) for u in range(updates)],
+        wall_s=[wall_per_update * (u + 1) for u in range(updates)],
+    )
+
+
+def test_analysis_pairs_seeds_matches_tokens_and_times_vineppo():
+    arms = {a.name: a for a in science._arms(2, 2)}
+    testbed = science.Testbed("t", "configs/cpu-demo.yaml", N, tuple(arms.values()))
+    # GRPO runs 4N updates at 100 tokens each; ProbePO spends 300 tokens per update.
+    grpo = [
+        curves("g0", [0.2, 0.3, 0.4, 0.5, 0.6, 0.6, 0.6, 0.6, 0.6], 100, 1),
+        curves("g1", [0.3] * 9, 100, 1),
+    ]
+    probepo = [curves("p0", [0.2, 0.35, 0.45], 300, 2), curves("p1", [0.3, 0.33, 0.36], 300, 2)]
+    vineppo = [curves("v0", [0.2, 0.3, 0.4], 3000, 20), curves("v1", [0.3, 0.3, 0.3], 3000, 20)]
+    collected = {
+        "t": {
+            "grpo": science.ArmResult(arms["grpo"], grpo, [DIAGNOSED] * 2),
+            "probepo": science.ArmResult(arms["probepo"], probepo, [DIAGNOSED] * 2),
+            "vineppo": science.ArmResult(arms["vineppo"], vineppo, [DIAGNOSED] * 2),
+        }
+    }
+    result = science.analyse([testbed], collected)["t"]
+    # Equal updates: GRPO at update N (0.4 and 0.3), not at the end of its longer run.
+    assert result["arms"]["grpo"]["seeds"] == [0.4, 0.3]
+    diff = result["minus_grpo_equal_updates"]["probepo"]
+    assert diff["mean"] == pytest.approx(100 * ((0.45 - 0.4) + (0.36 - 0.3)) / 2) and diff["seeds"] == 2
+    # Equal tokens: ProbePO's 600 tokens at update N = GRPO's update 6 (0.6 and 0.3).
+    assert result["grpo_token_matched"]["seeds"] == [0.6, 0.3]
+    assert result["probepo_minus_grpo_equal_tokens"]["mean"] == pytest.approx(100 * ((0.45 - 0.6) + 0.06) / 2)
+    # VinePPO's mean final 0.35 is first reached by ProbePO's mean curve (0.25, 0.34, 0.405) between its
+    # evaluations 1 and 2: at 2 + 2 × (0.35 − 0.34) / 0.065 s of training, of VinePPO's 40 s.
+    reach = result["vineppo_time_to_reach"]
+    assert reach["vineppo_final_accuracy"] == 35.0
+    assert reach["probepo_wall_to_reach"] == pytest.approx(2 + 2 * 0.01 / 0.065, abs=0.05)
+    assert reach["ratio_wall"] == pytest.approx(reach["probepo_wall_to_reach"] / 40, abs=1e-3)
+    text = science.markdown({"t": result})
+    assert "| probepo | 2 |" in text and "at equal sampled tokens" in text
