@@ -162,3 +162,17 @@ def test_a_longer_run_starts_as_the_shorter_one(runs, warm_store):
         return {k: v for k, v in record.items() if not k.endswith("wall_s")}
 
     assert without_timings(warm_store.read_metrics("horizon-1")[0]) == without_timings(runs["grpo"][0])
+
+
+def test_report_command_compares_runs_and_names_a_missing_one(runs, warm_store, tmp_path):
+    from typer.testing import CliRunner
+
+    from probepo.cli import app
+
+    out = tmp_path / "report"
+    args = ["report", "stages-grpo", "stages-probepo", "--store", warm_store.url, "--out", str(out)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "| stages-probepo | probepo |" in result.output and (out / "curves.png").exists()
+    missing = CliRunner().invoke(app, ["report", "no-such-run", "--store", warm_store.url, "--out", str(out)])
+    assert missing.exit_code == 2 and "no-such-run" in missing.output
