@@ -95,6 +95,13 @@ def _arms(seeds: int, primary_seeds: int, *extra: Arm) -> tuple[Arm, ...]:
     )
 
 
+GRPO_G32 = Arm(
+    "grpo_g32",
+    {**GRPO, "group_size": 32, "optim.minibatch_size": 256},
+    5,
+    "GRPO with 4× the responses per prompt (≈ ProbePO's tokens), same updates and optimizer steps",
+)
+
 LEVERS = (
     Arm("probepo_w4", {"algo.residual_weight": 4.0}, 5, "residual weight λ = 4"),
     Arm("probepo_mixed_only", {"algo.probe_uniform_groups": False}, 5, "probe only mixed-reward groups"),
@@ -114,7 +121,7 @@ EXPLORE = (
 """Arms of the exploratory testbed variants (no equal-tokens arm: GRPO runs N updates only)."""
 
 PLAN = (
-    Testbed("modchain", "configs/cpu-demo.yaml", 80, _arms(5, 10, *LEVERS)),
+    Testbed("modchain", "configs/cpu-demo.yaml", 80, _arms(5, 10, GRPO_G32, *LEVERS)),
     Testbed(
         "pointer",
         "configs/cpu-pointer.yaml",
@@ -334,23 +341,35 @@ def analyse(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]])
             entry["minus_grpo_equal_updates"] = {
                 name: _diff(final[name], final["grpo"]) for name in arms if name != "grpo"
             }
-        if "grpo" in arms and "probepo" in arms:
-            pairs = list(zip(arms["probepo"].curves, arms["grpo"].curves))  # noqa: B905 (paired prefix)
-            matched = [
-                value_at(g.eval_tokens, g.accuracy, p.eval_tokens[p.eval_updates.index(n)]) for p, g in pairs
-            ]
-            entry["grpo_token_matched"] = {
-                "seeds": [round(a, 4) for a in matched],
-                "accuracy": _summary(matched) if not any(math.isnan(a) for a in matched) else None,
-            }
-            if not any(math.isnan(a) for a in matched):
-                entry["probepo_minus_grpo_equal_tokens"] = _diff(
-                    [final["probepo"][i] for i in range(len(pairs))], matched
-                )
+        if "grpo" in arms and "probepo" in arms and arms["grpo"].arm.horizon > 1:
+            entry.update(_equal_tokens(arms["probepo"].curves, arms["grpo"].curves, n))
+        if "grpo_g32" in arms and "probepo" in arms:
+            entry["probepo_minus_grpo_g32"] = _diff(final["probepo"], final["grpo_g32"])
         if "vineppo" in arms and "probepo" in arms:
             entry["vineppo_time_to_reach"] = _time_to_reach(arms["probepo"].curves, arms["vineppo"].curves, n)
         out[testbed.name] = entry
     return out
+
+
+def _equal_tokens(probepo: Sequence[RunCurves], grpo: Sequence[RunCurves], n: int) -> dict[str, Any]:
+    """GRPO's accuracy at ProbePO's sampled tokens after update n, seed by seed, read off GRPO's longer
+    run (linear between evaluations). Where that run ended before ProbePO's token count, its last
+    evaluation stands in: GRPO then had fewer tokens, which favours ProbePO (`grpo_token_fraction` < 1)."""
+    pairs = list(zip(probepo, grpo))  # noqa: B905 (the seeds both arms have)
+    targets = [p.eval_tokens[p.eval_updates.index(n)] for p, _ in pairs]
+    matched = [
+        value_at(g.eval_tokens, g.accuracy, t) if t <= g.eval_tokens[-1] else g.accuracy[-1]
+        for (_, g), t in zip(pairs, targets, strict=True)
+    ]
+    fraction = min(min(1.0, g.eval_tokens[-1] / t) for (_, g), t in zip(pairs, targets, strict=True))
+    return {
+        "grpo_token_matched": {
+            "seeds": [round(a, 4) for a in matched],
+            "accuracy": _summary(matched),
+            "grpo_token_fraction": round(fraction, 3),
+        },
+        "probepo_minus_grpo_equal_tokens": _diff([p.accuracy_at(n) for p, _ in pairs], matched),
+    }
 
 
 def _mean_curve(curves: Sequence[RunCurves], axis: str) -> tuple[list[float], list[float]]:
@@ -381,9 +400,13 @@ def _time_to_reach(probepo: Sequence[RunCurves], vineppo: Sequence[RunCurves], n
     return result
 
 
+COST_ARMS = ("grpo", "probepo", "vineppo", "grpo_g32")
+"""The arms drawn on the sampled-tokens and wall-time axes."""
+
+
 def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], folder: Path) -> list[Path]:
-    """Per testbed: mean accuracy over seeds (±1 standard error across seeds) by update, by sampled
-    tokens and by training wall time, one line per arm."""
+    """Per testbed: mean accuracy over seeds (±1 standard error across seeds) by update (every arm), by
+    sampled tokens and by training wall time (COST_ARMS)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -404,6 +427,8 @@ def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], fo
                 for i in range(len(curves[0].eval_updates))
             ]
             for ax, axis in zip(axes, ("update", "tokens", "wall"), strict=True):
+                if axis != "update" and name not in COST_ARMS:
+                    continue  # the ablations and levers cost what ProbePO costs: by update is enough
                 x, y = _mean_curve(curves, axis)
                 last = cut + 1 if axis == "update" else len(x)
                 ax.errorbar(
@@ -463,14 +488,29 @@ def markdown(results: dict[str, Any]) -> str:
                 f" | {arm['diagnostics']['residual_to_grpo_advantage']:.2f} |"
             )
         matched = entry.get("grpo_token_matched")
-        if matched and matched["accuracy"]:
+        if matched:
             d = entry["probepo_minus_grpo_equal_tokens"]
+            short = matched["grpo_token_fraction"]
             lines += [
                 "",
                 "GRPO at ProbePO's sampled tokens (read off its longer run, linear between evaluations):"
                 f" {matched['accuracy']['mean']:.1f} ± {matched['accuracy']['se']:.1f} %;"
                 f" ProbePO − GRPO at equal sampled tokens: **{d['mean']:+.1f}** points, 95 % CI"
-                f" {_interval(d).split(' ', 1)[1]} ({d['seeds']} seeds).",
+                f" {_interval(d).split(' ', 1)[1]} ({d['seeds']} seeds)."
+                + (
+                    f" GRPO's {GRPO_HORIZON}× run ended at {100 * short:.0f} % of ProbePO's tokens on some"
+                    " seeds: there its last evaluation is used (fewer tokens, in ProbePO's favour)."
+                    if short < 1
+                    else ""
+                ),
+            ]
+        if "probepo_minus_grpo_g32" in entry:
+            d = entry["probepo_minus_grpo_g32"]
+            lines += [
+                "",
+                "ProbePO − GRPO with 4× the responses per prompt (similar sampled tokens, same updates and"
+                f" optimizer steps): **{d['mean']:+.1f}** points, 95 % CI {_interval(d).split(' ', 1)[1]}"
+                f" ({d['seeds']} seeds).",
             ]
         reach = entry.get("vineppo_time_to_reach")
         if reach:

@@ -64,3 +64,12 @@ def test_analysis_pairs_seeds_matches_tokens_and_times_vineppo():
     assert reach["ratio_wall"] == pytest.approx(reach["probepo_wall_to_reach"] / 40, abs=1e-3)
     text = science.markdown({"t": result})
     assert "| probepo | 2 |" in text and "at equal sampled tokens" in text
+
+
+def test_equal_tokens_beyond_grpo_run_uses_its_last_evaluation_and_says_so():
+    grpo = [curves("g", [0.2, 0.3, 0.4, 0.5, 0.6], 100, 1)]  # 4 updates: 400 tokens at most
+    probepo = [curves("p", [0.2, 0.3, 0.35], 250, 2)]  # 500 tokens at update N = 2
+    result = science._equal_tokens(probepo, grpo, N)
+    assert result["grpo_token_matched"]["seeds"] == [0.6]
+    assert result["grpo_token_matched"]["grpo_token_fraction"] == 0.8
+    assert result["probepo_minus_grpo_equal_tokens"]["mean"] == pytest.approx(-25.0)
