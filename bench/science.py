@@ -416,7 +416,8 @@ def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], fo
     paths = []
     for testbed, arms in collected.items():
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
-        for name, result in arms.items():
+        for index, (name, result) in enumerate(arms.items()):
+            color = f"C{index}"  # one colour per arm on all three panels
             curves = result.curves
             if name == "grpo":  # beyond N updates only the token and time axes are comparable
                 cut = curves[0].eval_updates.index(next(t.updates for t in plan if t.name == testbed))
@@ -438,6 +439,7 @@ def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], fo
                     capsize=2,
                     marker=".",
                     label=f"{name} ({len(curves)} seeds)",
+                    color=color,
                 )
         for ax, label in zip(
             axes, ("update", "sampled tokens (backbone + probes)", "training wall time (s)"), strict=True
