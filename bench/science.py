@@ -213,6 +213,7 @@ def execute(plan: Sequence[Testbed], store_url: str, jobs: int, logs: Path) -> N
                 str(logs / f"warmup-{t.name}.log"),
             ): t.name
             for t in plan
+            if any(item[2] == t.name for item in todo)  # a finished testbed needs no warm-up process
         }
         failed = set()
         for future in wait(warmups).done:
@@ -413,16 +414,15 @@ def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], fo
     import matplotlib.pyplot as plt
 
     folder.mkdir(parents=True, exist_ok=True)
+    updates = {t.name: t.updates for t in plan}
     paths = []
     for testbed, arms in collected.items():
         fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
         for index, (name, result) in enumerate(arms.items()):
             color = f"C{index}"  # one colour per arm on all three panels
             curves = result.curves
-            if name == "grpo":  # beyond N updates only the token and time axes are comparable
-                cut = curves[0].eval_updates.index(next(t.updates for t in plan if t.name == testbed))
-            else:
-                cut = len(curves[0].eval_updates) - 1
+            # By update, every arm stops at N (the equal-tokens GRPO arm goes on, on the other axes).
+            cut = curves[0].eval_updates.index(updates[testbed])
             stderr = [
                 100 * mean_and_stderr([c.accuracy[i] for c in curves])[1]
                 for i in range(len(curves[0].eval_updates))
@@ -459,7 +459,8 @@ def plot(plan: Sequence[Testbed], collected: dict[str, dict[str, ArmResult]], fo
 
 
 def _interval(d: dict[str, Any]) -> str:
-    text = f"{d['mean']:+.1f} [{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
+    """A difference's bootstrap interval, and its paired-t one in brackets."""
+    text = f"[{d['ci95'][0]:+.1f}, {d['ci95'][1]:+.1f}]"
     return text + (f" (t: [{d['ci95_t'][0]:+.1f}, {d['ci95_t'][1]:+.1f}])" if "ci95_t" in d else "")
 
 
@@ -482,7 +483,7 @@ def markdown(results: dict[str, Any]) -> str:
         for name, arm in entry["arms"].items():
             greedy = f"{arm['greedy']['mean']:.1f} ± {arm['greedy']['se']:.1f}" if arm["greedy"] else "–"
             d = diffs.get(name)
-            diff = _interval(d) if d else "–"
+            diff = f"{d['mean']:+.1f} {_interval(d)}" if d else "–"
             final = f"{arm['accuracy']['mean']:.1f} ± {arm['accuracy']['se']:.1f}"
             lines.append(
                 f"| {name} | {len(arm['seeds'])} | {arm['start']['mean']:.1f} | {final} | {greedy} | {diff}"
@@ -498,7 +499,7 @@ def markdown(results: dict[str, Any]) -> str:
                 "GRPO at ProbePO's sampled tokens (read off its longer run, linear between evaluations):"
                 f" {matched['accuracy']['mean']:.1f} ± {matched['accuracy']['se']:.1f} %;"
                 f" ProbePO − GRPO at equal sampled tokens: **{d['mean']:+.1f}** points, 95 % CI"
-                f" {_interval(d).split(' ', 1)[1]} ({d['seeds']} seeds)."
+                f" {_interval(d)} ({d['seeds']} seeds)."
                 + (
                     f" GRPO's {GRPO_HORIZON}× run ended at {100 * short:.0f} % of ProbePO's tokens on some"
                     " seeds: there its last evaluation is used (fewer tokens, in ProbePO's favour)."
@@ -511,7 +512,7 @@ def markdown(results: dict[str, Any]) -> str:
             lines += [
                 "",
                 "ProbePO − GRPO with 4× the responses per prompt (similar sampled tokens, same updates and"
-                f" optimizer steps): **{d['mean']:+.1f}** points, 95 % CI {_interval(d).split(' ', 1)[1]}"
+                f" optimizer steps): **{d['mean']:+.1f}** points, 95 % CI {_interval(d)}"
                 f" ({d['seeds']} seeds).",
             ]
         reach = entry.get("vineppo_time_to_reach")

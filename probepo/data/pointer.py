@@ -11,29 +11,25 @@ cycle with hops not a multiple of its length, a wrong chain lands on the right l
 from __future__ import annotations
 
 import random
-import re
 import string
 
-from probepo.data.synthetic import CharTokenizer
-from probepo.data.task import Problem, Task
+from probepo.data.synthetic import StepChainTask
+from probepo.data.task import Problem
 
 
-class PointerTask(Task):
+class PointerTask(StepChainTask):
     """Follow `hops` links of a random `letters`-cycle from a start letter."""
 
-    rescue_suffix = ">"
-
     def __init__(self, letters: int = 8, hops: int = 5, seed: int = 0) -> None:
-        super().__init__(seed)
         if not 3 <= letters <= 26 or hops < 1 or hops % letters == 0:
             raise ValueError(
                 f"letters = {letters} (3..26), hops = {hops} (>= 1 and not a multiple of letters: the"
                 " answer would always be the start letter)"
             )
         self.letters, self.hops = string.ascii_lowercase[:letters], hops
-        self.tokenizer = CharTokenizer(self.letters + ",|=;>")
-        self._step_end_id = self.tokenizer.encode(";")[0]
-        self._answer_re = re.compile(rf"[{self.letters};]*>([{self.letters}])\$")
+        super().__init__(
+            seed, self.letters + ",|=;>", chain_chars=self.letters, answer_pattern=f"[{self.letters}]"
+        )
 
     def _draw(self, rng: random.Random) -> Problem:
         cycle = rng.sample(self.letters, len(self.letters))
@@ -47,13 +43,3 @@ class PointerTask(Task):
         return Problem(
             prompt=",".join(links) + f"|{start}=", answer=here, solution="".join(chain) + f">{here}"
         )
-
-    def verify(self, completion: str, problem: Problem) -> float:
-        """1.0 iff the completion is chain text, one `>`, the right letter, EOS, and nothing else. The
-        chain itself is not checked: the reward is on the final answer."""
-        match = self._answer_re.fullmatch(completion)
-        return float(match is not None and match.group(1) == problem.answer)
-
-    def step_end(self, token_ids: list[int]) -> list[bool]:
-        """True at each `;`."""
-        return [i == self._step_end_id for i in token_ids]

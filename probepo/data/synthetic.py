@@ -50,21 +50,39 @@ class CharTokenizer:
         return [self.alphabet[i] for i in ids]
 
 
-class ModChainTask(Task):
-    """Chained arithmetic modulo `modulus`: `steps` operations drawn from `ops`, solved left to right."""
+class StepChainTask(Task):
+    """A character-level task whose worked solution is steps that each end in `;`, then `>`, the answer
+    and EOS. Subclasses give the symbols, the characters a chain may use and the answer's pattern."""
 
     rescue_suffix = ">"
 
-    def __init__(self, steps: int = 6, modulus: int = 10, ops: str = "+-", seed: int = 0) -> None:
+    def __init__(self, seed: int, symbols: str, chain_chars: str, answer_pattern: str) -> None:
         super().__init__(seed)
+        self.tokenizer = CharTokenizer(symbols)
+        self._step_end_id = self.tokenizer.encode(";")[0]
+        self._answer_re = re.compile(rf"[{chain_chars};]*>({answer_pattern})\$")
+
+    def verify(self, completion: str, problem: Problem) -> float:
+        """1.0 iff the completion is chain text, one `>`, the right answer, EOS, and nothing else. The chain
+        itself is not checked: the reward is on the final answer."""
+        match = self._answer_re.fullmatch(completion)
+        return float(match is not None and match.group(1) == problem.answer)
+
+    def step_end(self, token_ids: list[int]) -> list[bool]:
+        """True at each `;`."""
+        return [i == self._step_end_id for i in token_ids]
+
+
+class ModChainTask(StepChainTask):
+    """Chained arithmetic modulo `modulus`: `steps` operations drawn from `ops`, solved left to right."""
+
+    def __init__(self, steps: int = 6, modulus: int = 10, ops: str = "+-", seed: int = 0) -> None:
         if steps < 1 or modulus < 2 or not ops or set(ops) - set(_APPLY):
             raise ValueError(
                 f"steps = {steps} (>= 1), modulus = {modulus} (>= 2), ops = {ops!r} (from '+-*')"
             )
+        super().__init__(seed, _ARITHMETIC, chain_chars=r"0-9+\-*=", answer_pattern="0|[1-9][0-9]*")
         self.steps, self.modulus, self.ops = steps, modulus, ops
-        self.tokenizer = CharTokenizer()
-        self._step_end_id = self.tokenizer.encode(";")[0]
-        self._answer_re = re.compile(r"[0-9+\-*=;]*>(0|[1-9][0-9]*)\$")
 
     def _draw(self, rng: random.Random) -> Problem:
         numbers = [rng.randrange(self.modulus) for _ in range(self.steps + 1)]
@@ -76,13 +94,3 @@ class ModChainTask(Task):
             chain.append(f"{acc}{op}{n}={new};")
             acc = new
         return Problem(prompt=prompt, answer=str(acc), solution="".join(chain) + f">{acc}")
-
-    def verify(self, completion: str, problem: Problem) -> float:
-        """1.0 iff the completion is arithmetic text, one `>`, the right answer, EOS, and nothing else.
-        The chain itself is not checked: the reward is on the final answer."""
-        match = self._answer_re.fullmatch(completion)
-        return float(match is not None and match.group(1) == problem.answer)
-
-    def step_end(self, token_ids: list[int]) -> list[bool]:
-        """True at each `;`."""
-        return [i == self._step_end_id for i in token_ids]

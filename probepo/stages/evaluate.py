@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from probepo.config import EvalConfig
 from probepo.data import Problem, Task
 from probepo.stages.common import generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
@@ -13,10 +14,15 @@ STAGE = "evaluate"
 RESULTS = "eval.parquet"
 
 
+def _samples_per_problem(settings: EvalConfig, temperature: float) -> int:
+    """k of Mean@k: greedy decoding gives one answer per problem."""
+    return 1 if temperature == 0 else settings.samples_per_problem
+
+
 def _per_problem(ctx: StageContext, task: Task, problems: list[Problem], temperature: float) -> list[float]:
     """[problems] fraction of k samples graded right (k = 1 when greedy)."""
     settings = ctx.config.eval
-    k = 1 if temperature == 0 else settings.samples_per_problem
+    k = _samples_per_problem(settings, temperature)
     params = sampling_params(ctx, task, temperature=temperature)
     # The same seed at every update and in every run: arms are compared on the same random stream.
     samples = generation_engine(ctx).generate(
@@ -38,7 +44,7 @@ def run(ctx: StageContext) -> None:
         "accuracy": accuracy,
         "stderr": stderr,
         "problems": len(problems),
-        "samples_per_problem": 1 if settings.temperature == 0 else settings.samples_per_problem,
+        "samples_per_problem": _samples_per_problem(settings, settings.temperature),
     }
     table = {"problem": list(range(len(problems))), "correct": correct}
     if settings.greedy and settings.temperature != 0:
