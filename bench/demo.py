@@ -17,8 +17,8 @@ from pathlib import Path
 
 from benchlib import machine
 
-from probepo.config import load_run_config
 from probepo.demo import arm_runs
+from probepo.presets import load_run_config
 from probepo.report import load_curves
 from probepo.store import open_store
 

@@ -29,6 +29,7 @@ from benchlib import machine
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
 from probepo.config import ModelConfig, OptimConfig
 from probepo.data import ModChainTask
+from probepo.data.task import RL_STREAM
 from probepo.engines.base import SamplingParams
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.sft import sft_steps
@@ -122,7 +123,7 @@ def main():
     for _ in itertools.islice(sft_steps(model, task, seed=0), args.sft_steps):
         pass
     engine = TorchGenerationEngine(model)
-    prompts = [task.prompt_ids(p) for p in task.batch(0, 0, PROMPTS)]
+    prompts = [task.prompt_ids(p) for p in task.batch(RL_STREAM, 0, 0, PROMPTS)]
 
     # 1. throughput at fixed lengths
     fixed = SamplingParams(temperature=1.0, max_tokens=args.new_tokens)
@@ -138,7 +139,7 @@ def main():
     groups = engine.generate(prompts, SAMPLES, params, seed=1)
     backbone_s = median_seconds(lambda: engine.generate(prompts, SAMPLES, params, 1), args.reps)
     backbone_tokens = sum(len(c.ids) for g in groups for c in g)
-    trainer = TorchTrainerEngine(model, OptimConfig(), temperature=1.0)
+    trainer = TorchTrainerEngine(model, OptimConfig(), response_budget=args.new_tokens, temperature=1.0)
     prefixes, limits = probe_requests(task, trainer, prompts, groups, args.new_tokens)
     rescue = {"rescue_ids": task.tokenizer.encode(task.rescue_suffix), "rescue_tokens": args.rescue_tokens}
     probes = engine.continue_from(prefixes, CONTINUATIONS, params, 2, limits, **rescue)

@@ -47,7 +47,8 @@ from typing import Any
 
 from benchlib import machine
 
-from probepo.config import RunConfig, load_run_config
+from probepo.config import RunConfig
+from probepo.presets import load_run_config
 from probepo.report import RunCurves, load_curves
 from probepo.stats import first_reach, mean_and_stderr, paired_bootstrap_ci, paired_t_ci95, value_at
 from probepo.store import ArtifactStore, open_store
@@ -151,7 +152,7 @@ PLAN = (
 def arm_config(testbed: Testbed, arm: Arm, seed: int, store: str) -> RunConfig:
     overrides = {**testbed.overrides, **arm.overrides, "seed": seed, "store": store}
     overrides["num_updates"] = testbed.updates * arm.horizon
-    return load_run_config(ROOT / testbed.preset, **overrides)
+    return load_run_config(ROOT / testbed.preset, overrides)
 
 
 def run_id(testbed: Testbed, arm: Arm, config: RunConfig) -> str:

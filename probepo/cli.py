@@ -11,8 +11,10 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 import yaml
 
-from probepo.config import RunConfig, load_run_config
+from probepo import __version__
+from probepo.config import RunConfig
 from probepo.preemption import PREEMPTED_EXIT, Preempted
+from probepo.presets import ConfigError, load_run_config, validate_run_config
 from probepo.store import StoreError, open_store
 from probepo.store.cli import StoreOption, store_app, store_url
 
@@ -134,10 +136,17 @@ def resume(
 ) -> None:
     """Continue a run from what the store holds (its frozen config): committed stages are skipped."""
     try:
-        frozen = open_store(store_url(store)).read_run(run_id)["config"]
-        config = RunConfig.model_validate(frozen)
+        record = open_store(store_url(store)).read_run(run_id)
     except StoreError as exc:
         raise _fail(str(exc)) from None
+    made_by = record.get("code_version", "an unknown version")
+    try:
+        config = validate_run_config(record["config"], f"run {run_id}: its stored recipe")
+    except ConfigError as exc:
+        raise _fail(
+            f"{exc}\nthis probepo ({__version__}) cannot resume a recipe made by probepo {made_by}: resume it"
+            " with that version, or start a new run id from a preset"
+        ) from None
     _train(config, run_id, store, tensorboard, quiet)
 
 

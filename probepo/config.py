@@ -2,16 +2,14 @@
 
 The same pydantic models are the YAML presets in `configs/`, the CLI's input and the Prefect flows'
 parameters (each field's docstring becomes the help text of the UI form). Invalid values are rejected
-with a message that names the field.
+with a message that names the field; `probepo.presets` loads presets and words the errors for users.
 """
 
 from __future__ import annotations
 
-from os import PathLike
-from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Strict(BaseModel):
@@ -246,7 +244,8 @@ class WarmupConfig(_Strict):
     """Steps between accuracy checks."""
 
     check_problems: int = Field(256, ge=16)
-    """Eval-split problems sampled (once each, at the sampling temperature) per accuracy check."""
+    """Train-split problems (a fixed set) sampled once each, at the sampling temperature, per accuracy check;
+    the eval split stays unseen by the choice of the starting checkpoint."""
 
     seed: int = Field(0, ge=0)
     """Seed of the warm-up's initialisation, data order and checks."""
@@ -344,45 +343,11 @@ class RunConfig(_Strict):
                 " (or algo.rescue_tokens = 0)"
             ) from None
         rescue = len(suffix) + self.algo.rescue_tokens if suffix else 0
-        longest = len(task.prompt_ids(task.problem(0, "train"))) + self.sampling.max_tokens + rescue
+        longest = task.longest_prompt() + self.sampling.max_tokens + rescue
         if longest > self.model.context:
             raise ValueError(
-                f"model.context = {self.model.context} is shorter than prompt + sampling.max_tokens + rescue"
-                f" = {longest} tokens: raise model.context or lower sampling.max_tokens"
+                f"model.context = {self.model.context} is shorter than the longest prompt +"
+                f" sampling.max_tokens + rescue = {longest} tokens: raise model.context or lower"
+                " sampling.max_tokens"
             )
         return self
-
-
-def _set_dotted(data: dict, overrides: dict[str, object]) -> dict:
-    for dotted, value in overrides.items():
-        node = data
-        *parents, leaf = dotted.split(".")
-        for key in parents:
-            node = node.setdefault(key, {})
-        node[leaf] = value
-    return data
-
-
-def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
-    """A validated copy of `config` with dotted overrides, e.g. `**{"algo.algorithm": "grpo"}`."""
-    return RunConfig.model_validate(_set_dotted(config.model_dump(), overrides))
-
-
-def load_run_config(path: str | PathLike[str], **overrides: object) -> RunConfig:
-    """A RunConfig from a YAML preset, with dotted overrides (e.g. `algo.algorithm="grpo"`).
-
-    Errors name the file and the field.
-    """
-    import yaml
-
-    text = Path(path).read_text()
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping of RunConfig fields at the top level")
-    try:
-        return RunConfig.model_validate(_set_dotted(data, overrides))
-    except ValidationError as exc:
-        raise ValueError(f"{path}: invalid run config:\n{exc}") from None

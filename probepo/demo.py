@@ -19,8 +19,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from probepo.config import RunConfig, with_overrides
+from probepo.config import RunConfig
 from probepo.pipeline import ensure_warmup
+from probepo.presets import with_overrides
 from probepo.report import load_curves, write_report
 from probepo.store import ArtifactStore, StoreError, open_store
 

@@ -1,18 +1,49 @@
-"""Crash points for the preemption drills: the tests kill a run at a named point and resume it.
+"""Fault points for the preemption drills: the tests kill or pause a run at a named point and resume it.
 
-`PROBEPO_CRASH_AT="<update>:<stage>:<when>"` (when: before-commit | after-commit) makes the process
-SIGKILL itself there, exactly as a node failure would: no handler, no cleanup, no flush.
+A point is `<update>:<stage>:<when>` (when: before-commit | after-commit), e.g. `1:optimize.part-0000:
+after-commit`, the safe point right after the optimizer committed its first mini-batch.
+- `PROBEPO_CRASH_AT=<point>` makes the process SIGKILL itself there, exactly as a node failure would: no
+  handler, no cleanup, no flush.
+- `PROBEPO_PAUSE_AT=<point>` makes it stop there and wait for a preemption signal, so that a drill sends
+  SIGUSR2 or SIGTERM (or preempts the SLURM job) at a known place every time. On arriving it writes its
+  pid to the file `PROBEPO_PAUSE_MARK` (if set), so the drill knows when to act; it waits at most
+  `PAUSE_TIMEOUT_S`, then fails loudly rather than hang a test.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import time
+from collections.abc import Callable
+from pathlib import Path
 
 CRASH_ENV = "PROBEPO_CRASH_AT"
+PAUSE_ENV = "PROBEPO_PAUSE_AT"
+PAUSE_MARK_ENV = "PROBEPO_PAUSE_MARK"
+PAUSE_TIMEOUT_S = 120.0
 
 
-def crash_point(update: int, stage: str, when: str) -> None:
-    """SIGKILL this process if PROBEPO_CRASH_AT names this point (a no-op otherwise)."""
-    if os.environ.get(CRASH_ENV) == f"{update}:{stage}:{when}":
+class PauseTimeout(RuntimeError):
+    """A paused stage saw no preemption signal in time (the drill did not send one)."""
+
+
+def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bool]) -> None:
+    """Crash or pause here if PROBEPO_CRASH_AT / PROBEPO_PAUSE_AT name this point (a no-op otherwise).
+
+    A pause returns once `should_stop()` is true (the stop flag raised by the signal), so the stage then
+    reaches its next safe-point check exactly as after a real preemption.
+    """
+    point = f"{update}:{stage}:{when}"
+    if os.environ.get(CRASH_ENV) == point:
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(PAUSE_ENV) != point:
+        return
+    mark = os.environ.get(PAUSE_MARK_ENV)
+    if mark:
+        Path(mark).write_text(f"{os.getpid()}\n")
+    deadline = time.monotonic() + PAUSE_TIMEOUT_S
+    while not should_stop():
+        if time.monotonic() > deadline:
+            raise PauseTimeout(f"paused at {point} for {PAUSE_TIMEOUT_S:.0f} s and no preemption signal came")
+        time.sleep(0.05)

@@ -28,14 +28,13 @@ from probepo.store import (
     AlreadyCommitted,
     ArtifactStore,
     Lease,
-    LeaseHeld,
     LeaseLost,
     Ledger,
     ResumePoint,
     StoreError,
-    acquire_lease,
     open_store,
 )
+from probepo.store.lease import take_lease as store_take_lease
 
 LEASE_TTL_S = 600.0
 log = logging.getLogger(__name__)
@@ -65,7 +64,7 @@ def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None)
             "outcome": "running",
         }
         attempt = store.record_attempt(run_id, update, stage, record)
-        ctx.stage_started = time.perf_counter()
+        ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
         try:
             STAGES[stage](ctx)
             record["outcome"] = "committed"
@@ -78,7 +77,7 @@ def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None)
             record["outcome"] = f"failed: {type(exc).__name__}: {exc}"[:500]
             raise
         finally:
-            record["end"] = _now()
+            record.update(ctx.attempt_notes, end=_now())
             store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
         marker = store.marker(run_id, update, stage)
         if marker is None:
@@ -153,19 +152,6 @@ def driver_id() -> str:
     return f"slurm-job-{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _holder_is_dead(lease: dict[str, Any]) -> bool:
-    """Whether a lease's holder was a process of this host that no longer exists (killed, crashed)."""
-    if lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
-        return False
-    try:
-        os.kill(lease["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return False
-
-
 class LeaseKeeper:
     """Renews a lease from a background thread every quarter of its TTL, so that a stage longer than the
     TTL (a long probe on a big model) never lets the lease lapse. The driver calls `check()` between
@@ -203,15 +189,7 @@ class LeaseKeeper:
 
 def take_lease(store: ArtifactStore, run_id: str) -> Lease:
     """The run's lease for this driver; a lease left by a dead process of this host is taken over."""
-    try:
-        return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S)
-    except LeaseHeld as held:
-        if not _holder_is_dead(held.lease):
-            raise
-        log.warning(
-            "run %s: taking over the lease of %s (its process is gone)", run_id, held.lease.get("holder")
-        )
-        return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S, force=True)
+    return store_take_lease(store, run_id, driver_id(), LEASE_TTL_S)
 
 
 def ensure_warmup(config: RunConfig, store: ArtifactStore, progress: ProgressFn | None = None) -> str:

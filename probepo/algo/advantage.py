@@ -16,6 +16,7 @@ __all__ = [
     "group_advantages",
     "group_stats",
     "grpo_advantages",
+    "masked_whiten",
     "redistribute",
     "shrink_values",
     "vineppo_advantages",
@@ -172,7 +173,7 @@ def vineppo_advantages(
         [N, T], 0 at padded positions.
     """
     deltas, sizes = _segments(rewards, baseline, mask, pivot_pos, pivot_val)
-    return _masked_whiten(_expand_segments(deltas, sizes, mask.shape[1]), mask)
+    return masked_whiten(_expand_segments(deltas, sizes, mask.shape[1]), mask)
 
 
 def _segments(
@@ -235,7 +236,7 @@ def _check_pivots(pivot_pos: Tensor, lengths: Tensor) -> None:
         )
 
 
-def _masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
+def masked_whiten(values: Tensor, mask: Tensor) -> Tensor:
     """Shift and scale the valid entries to mean 0 and Bessel std 1; zeros where there is no spread."""
     valid = values[mask]
     if valid.numel() < 2:

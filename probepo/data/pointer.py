@@ -31,6 +31,11 @@ class PointerTask(StepChainTask):
             seed, self.letters + ",|=;>", chain_chars=self.letters, answer_pattern=f"[{self.letters}]"
         )
 
+    def longest_prompt(self) -> int:
+        """Every prompt has the same length: BOS, `letters` two-letter links with commas between, `|`, the
+        start letter and `=`."""
+        return 1 + 3 * len(self.letters) - 1 + 3
+
     def _draw(self, rng: random.Random) -> Problem:
         cycle = rng.sample(self.letters, len(self.letters))
         following = {a: cycle[(i + 1) % len(cycle)] for i, a in enumerate(cycle)}

@@ -84,6 +84,10 @@ class ModChainTask(StepChainTask):
         super().__init__(seed, _ARITHMETIC, chain_chars=r"0-9+\-*=", answer_pattern="0|[1-9][0-9]*")
         self.steps, self.modulus, self.ops = steps, modulus, ops
 
+    def longest_prompt(self) -> int:
+        """BOS, steps + 1 numbers of the most digits, steps operators and `=`."""
+        return 1 + (self.steps + 1) * len(str(self.modulus - 1)) + self.steps + 1
+
     def _draw(self, rng: random.Random) -> Problem:
         numbers = [rng.randrange(self.modulus) for _ in range(self.steps + 1)]
         ops = [rng.choice(self.ops) for _ in range(self.steps)]

@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from typing import Protocol
 
 SPLITS = ("train", "eval")
+RL_STREAM = "rl"
+"""The prompt batches of RL updates: batch k is update k's prompts."""
+WARMUP_STREAM = "warmup"
+"""The supervised warm-up's batches: batch k is its step k's worked solutions."""
+WARMUP_CHECK_STREAM = "warmup-check"
+"""The fixed train problems on which the warm-up measures accuracy."""
 _EVAL_PERMILLE = 100  # share of the problem space reserved for the eval split (hash buckets of 1000)
 
 
@@ -63,6 +69,10 @@ class Task(ABC):
         """1.0 if `completion` (the decoded response, stop token included) answers `problem`, else 0.0."""
 
     @abstractmethod
+    def longest_prompt(self) -> int:
+        """The most tokens `prompt_ids` can return for any problem of the task (BOS included)."""
+
+    @abstractmethod
     def step_end(self, token_ids: list[int]) -> list[bool]:
         """Per token: does it end a reasoning step? (A pivot at t needs token t − 1 to end a step.)"""
 
@@ -78,10 +88,11 @@ class Task(ABC):
                 return problem
         raise RuntimeError(f"no {split} problem found for index {index}: the problem space is too small")
 
-    def batch(self, seed: int, update: int, size: int, split: str = "train") -> list[Problem]:
-        """The prompt batch of update `update` of a run with seed `seed`: `size` problems drawn
-        deterministically (with replacement) from the split."""
-        rng = random.Random(f"batch/{seed}/{update}")
+    def batch(self, stream: str, seed: int, index: int, size: int, split: str = "train") -> list[Problem]:
+        """Batch `index` of a named stream: `size` problems drawn deterministically (with replacement) from
+        the split. Streams are independent draws, so the RL prompts of a run (`RL_STREAM`) never replay the
+        warm-up's batches (`WARMUP_STREAM`) even when the two seeds are equal."""
+        rng = random.Random(f"batch/{stream}/{seed}/{index}")
         return [self.problem(rng.randrange(2**40), split) for _ in range(size)]
 
     def prompt_ids(self, problem: Problem) -> list[int]:

@@ -171,7 +171,10 @@ class TorchGenerationEngine:
             rows.update_phase(rescue_len)
             if rows.done.all():
                 continue  # the next iteration records the rows and stops
-            logits = self.model(token[:, None], (rows.lengths + step)[:, None], rows.valid, cache)[:, 0]
+            # Finished rows stay in the batch until compaction and are fed a dummy position: at
+            # prefix length + step a finished long-prefix row would run past the context.
+            positions = torch.where(rows.done, 0, rows.lengths + step)
+            logits = self.model(token[:, None], positions[:, None], rows.valid, cache)[:, 0]
         else:
             count[rows.ids], stopped[rows.ids], rescued[rows.ids] = rows.count, rows.stopped, rows.rescued
 

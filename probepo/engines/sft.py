@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 from torch.nn.functional import cross_entropy
 
-from probepo.data.task import Problem, Task
+from probepo.data.task import WARMUP_STREAM, Problem, Task
 from probepo.engines.base import GenerationEngine, SamplingParams
 from probepo.engines.packing import response_logits
 from probepo.models.gpt import GPT
@@ -32,12 +32,12 @@ def sft_steps(
     grad_clip: float = 1.0,
     seed: int = 0,
 ) -> Iterator[SftStep]:
-    """Trains `model` in place on worked solutions of train problems (batch k = task.batch(seed, k, …)),
-    yielding after every AdamW step; endless: the caller stops iterating."""
+    """Trains `model` in place on worked solutions of train problems (step k trains on batch k of the
+    warm-up stream), yielding after every AdamW step; endless: the caller stops iterating."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     step = 0
     while True:
-        problems = task.batch(seed, step, batch_size)
+        problems = task.batch(WARMUP_STREAM, seed, step, batch_size)
         model.train()
         logits, targets, mask = response_logits(
             model, [task.prompt_ids(p) for p in problems], [task.solution_ids(p) for p in problems]

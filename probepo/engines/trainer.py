@@ -26,7 +26,9 @@ TRAINER_FILE = "trainer.json"
 
 class TorchTrainerEngine:
     """TrainerEngine on a GPT in this process. `temperature` is the sampling temperature (logits are
-    divided by it when scoring and training); `score_batch_rows` caps rows per scoring forward pass."""
+    divided by it when scoring and training); `response_budget` the most tokens a response may have (the
+    constant divisor of Dr.GRPO's `seq-mean-token-sum-norm`: the same every update, whatever the update's
+    longest response); `score_batch_rows` caps rows per scoring forward pass."""
 
     def __init__(
         self,
@@ -34,6 +36,7 @@ class TorchTrainerEngine:
         optim: OptimConfig,
         algo: AlgoConfig | None = None,
         *,
+        response_budget: int,
         temperature: float = 1.0,
         score_batch_rows: int = 256,
     ) -> None:
@@ -42,10 +45,13 @@ class TorchTrainerEngine:
             raise ValueError(f"kl_coef = {algo.kl_coef}: the torch trainer keeps no reference policy; use 0")
         if temperature <= 0:
             raise ValueError(f"temperature = {temperature}: scoring needs a positive sampling temperature")
+        if response_budget < 1:
+            raise ValueError(f"response_budget = {response_budget}: must be >= 1")
         self.model = model
         self.optim = optim
         self.algo = algo
         self.temperature = temperature
+        self.response_budget = response_budget
         self.score_batch_rows = score_batch_rows
         self.optimizer = torch.optim.AdamW(
             model.parameters(),
@@ -121,12 +127,11 @@ class TorchTrainerEngine:
         """One AdamW step on the mini-batch `rows`, gradients accumulated over micro-batches."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        width = batch.old_logp.shape[1]
         lengths = [len(batch.responses[i]) for i in rows]
         totals = {
             "global_tokens": float(max(sum(lengths), 1)),
             "global_seqs": float(max(sum(x > 0 for x in lengths), 1)),
-            "norm_len": float(width),
+            "norm_len": float(self.response_budget),
         }
         total_loss, parts, weights = 0.0, [], []
         for start in range(0, len(rows), self.optim.microbatch_size):

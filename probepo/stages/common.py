@@ -52,7 +52,13 @@ def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
 def new_trainer(ctx: StageContext, model: GPT) -> TorchTrainerEngine:
     """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up."""
     cfg = ctx.config
-    return TorchTrainerEngine(model, cfg.optim, cfg.algo, temperature=cfg.sampling.temperature)
+    return TorchTrainerEngine(
+        model,
+        cfg.optim,
+        cfg.algo,
+        response_budget=cfg.sampling.max_tokens,
+        temperature=cfg.sampling.temperature,
+    )
 
 
 def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> TorchTrainerEngine:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from probepo.config import RunConfig
-from probepo.faults import crash_point
+from probepo.faults import fault_point
 from probepo.store import ArtifactStore
 
 
@@ -43,6 +43,9 @@ class StageContext:
     """True once a preemption signal arrived: stages check it at safe points and commit partial progress."""
     stage_started: float = field(default_factory=time.perf_counter)
     """When the running stage started (perf_counter); commits record the wall time since then."""
+    attempt_notes: dict[str, Any] = field(default_factory=dict)
+    """What the running attempt reports about itself beyond its commits (e.g. how much committed work it
+    resumed from): the driver adds it to the attempt record."""
 
     def seed(self, stage: str, *extra: object) -> int:
         """The seed of this stage of this update: the same on every attempt, so a rerun is bitwise equal."""
@@ -63,7 +66,7 @@ class StageContext:
         stage's wall time so far (`wall_s`)."""
         update = self.update if update is None else update
         summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
-        crash_point(update, stage, "before-commit")
+        fault_point(update, stage, "before-commit", self.should_stop)
         marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
-        crash_point(update, stage, "after-commit")
+        fault_point(update, stage, "after-commit", self.should_stop)
         return marker

@@ -38,6 +38,7 @@ def _metrics(part_summary: dict) -> dict[str, float]:
 def run(ctx: StageContext) -> None:
     following = ctx.store.marker(ctx.run_id, ctx.update + 1, CHECKPOINT)
     if following is not None:  # policy k + 1 is committed: only this stage's summary is missing
+        ctx.attempt_notes["minibatches_run"] = 0
         ctx.commit(STAGE, {}, _metrics(following["summary"]))
         return
     rollouts = Rollouts.read(ctx)
@@ -56,6 +57,7 @@ def run(ctx: StageContext) -> None:
     checkpoint = fetch_policy(ctx, done[-1]) if done else None
     engine = trainer_engine(ctx, checkpoint)
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
+    ctx.attempt_notes["resumed_at_minibatch"] = start
 
     def commit_part(index: int, metrics: dict[str, float]) -> None:
         history.append(metrics)
@@ -67,7 +69,8 @@ def run(ctx: StageContext) -> None:
         if ctx.should_stop():
             raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; progress committed")
 
-    engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
+    ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
+    ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
     folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
     engine.save(folder)
     summary = {**combine_metrics(history), "minibatches": len(history)}

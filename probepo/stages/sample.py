@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats
+from probepo.data.task import RL_STREAM
 from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_to_parquet
@@ -15,7 +16,7 @@ STAGE = "sample"
 def run(ctx: StageContext) -> None:
     cfg = ctx.config
     task = task_of(ctx)
-    problems = task.batch(cfg.seed, ctx.update, cfg.prompts_per_update)
+    problems = task.batch(RL_STREAM, cfg.seed, ctx.update, cfg.prompts_per_update)
     prompts = [task.prompt_ids(p) for p in problems]
     groups = generation_engine(ctx).generate(
         prompts, cfg.group_size, sampling_params(ctx, task), ctx.seed(STAGE)

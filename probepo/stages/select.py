@@ -1,7 +1,7 @@
 """Select: where to probe (ALGORITHM.md §2), reward-free, under the per-group budget.
 
-grpo: nowhere. probepo: step boundaries ranked by windowed entropy (or the random-placement ablation).
-vineppo: every step boundary of every response.
+grpo: nowhere. probepo: step boundaries ranked by windowed entropy (or the random-placement ablation), in
+groups with at least one finished response. vineppo: every step boundary of every response.
 """
 
 from __future__ import annotations
@@ -41,31 +41,33 @@ def all_positions(candidates: Tensor) -> Tensor:
     return torch.where(ordered < candidates.shape[1], ordered, -1)
 
 
-def run(ctx: StageContext) -> None:
+def choose_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
+    """[N, M] long pivot positions (-1 = none) of the update's responses under the run's algorithm."""
     algo = ctx.config.algo
-    rollouts = Rollouts.read(ctx)
     mask = rollouts.mask
     if algo.algorithm == "grpo" or (algo.algorithm == "probepo" and algo.max_pivots == 0):
-        pivots = torch.full((len(rollouts.responses), 0), -1, dtype=torch.long)
-    else:
-        task = task_of(ctx)
-        step_end = torch.zeros_like(mask)
-        for row, response in enumerate(rollouts.responses):
-            step_end[row, : len(response)] = torch.tensor(task.step_end(response), dtype=torch.bool)
-        eligible = eligible_rows(rollouts, algo.probe_uniform_groups or algo.algorithm == "vineppo")
-        if algo.algorithm == "vineppo":
-            pivots = all_positions(step_candidates(step_end, mask, margin=0) & eligible[:, None])
-        elif algo.selector == "random":
-            generator = torch.Generator().manual_seed(ctx.seed(STAGE))
-            chosen = random_pivots(mask, rollouts.group, max_pivots=algo.max_pivots, generator=generator)
-            pivots = torch.where(eligible[:, None], chosen, -1)
-        else:
-            entropy = read_tensors(ctx, "score", SCORES)["entropy"]
-            score = window_max(entropy, mask, window=algo.entropy_window)
-            candidates = step_candidates(step_end, mask, margin=algo.margin) & eligible[:, None]
-            pivots = select_pivots(
-                score, candidates, rollouts.group, max_pivots=algo.max_pivots, min_spacing=algo.min_spacing
-            )
+        return torch.full((len(rollouts.responses), 0), -1, dtype=torch.long)
+    task = task_of(ctx)
+    step_end = torch.zeros_like(mask)
+    for row, response in enumerate(rollouts.responses):
+        step_end[row, : len(response)] = torch.tensor(task.step_end(response), dtype=torch.bool)
+    if algo.algorithm == "vineppo":  # every step boundary of every response (§6): no group is skipped
+        return all_positions(step_candidates(step_end, mask, margin=0))
+    eligible = eligible_rows(rollouts, algo.probe_uniform_groups)
+    if algo.selector == "random":
+        generator = torch.Generator().manual_seed(ctx.seed(STAGE))
+        chosen = random_pivots(mask, rollouts.group, max_pivots=algo.max_pivots, generator=generator)
+        return torch.where(eligible[:, None], chosen, -1)
+    entropy = read_tensors(ctx, "score", SCORES)["entropy"]
+    score = window_max(entropy, mask, window=algo.entropy_window)
+    candidates = step_candidates(step_end, mask, margin=algo.margin) & eligible[:, None]
+    return select_pivots(
+        score, candidates, rollouts.group, max_pivots=algo.max_pivots, min_spacing=algo.min_spacing
+    )
+
+
+def run(ctx: StageContext) -> None:
+    pivots = choose_pivots(ctx, Rollouts.read(ctx))
     count = int((pivots >= 0).sum())
     summary = {"pivots": count, "probed_responses": int((pivots >= 0).any(1).sum()) if pivots.numel() else 0}
     ctx.commit(STAGE, {PIVOTS: tensors_to_bytes({"pivot_pos": pivots.contiguous()})}, summary)

@@ -13,40 +13,48 @@ import json
 import torch
 
 from probepo.config import RunConfig
+from probepo.data.task import WARMUP_CHECK_STREAM
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.sft import accuracy, sft_steps
 from probepo.models.gpt import GPT, save_model
 from probepo.stages.common import sampling_params, task_of
-from probepo.stages.context import StageContext
+from probepo.stages.context import StageContext, derive_seed
 
 STAGE = "warmup"
 MODEL_FILES = ("model.safetensors", "config.json")
 KEY_FIELDS = ("task", "model", "sampling", "warmup")
 """The parts of a run's config that determine its warm-up checkpoint."""
+KEY_VERSION = 2
+"""Bumped whenever the warm-up computes something else from the same settings, so that a store made by
+older code never serves its warm-up as current (2: checks seeded from the key, not the run seed)."""
 
 
 def warmup_run_id(config: RunConfig) -> str:
     """The warm-up run shared by every run with the same task, model, sampling and warm-up settings."""
     key = {name: getattr(config, name).model_dump(mode="json") for name in KEY_FIELDS}
+    key["version"] = KEY_VERSION
     return "warmup-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def run(ctx: StageContext) -> None:
     cfg, settings = ctx.config, ctx.config.warmup
+    # Every random choice derives from the warm-up's own key: the runs sharing it differ in their own
+    # seed, and whichever of them happens to make the warm-up must not change it.
+    key = warmup_run_id(cfg)
     task = task_of(ctx)
     torch.manual_seed(settings.seed)
     model = GPT(cfg.model)
     sampler = TorchGenerationEngine(model)  # shares the parameters being trained
     params = sampling_params(ctx, task)
     # Checks use a fixed set of train problems: the eval split stays unseen by checkpoint selection.
-    check_set = task.batch(settings.seed, -1, settings.check_problems)
+    check_set = task.batch(WARMUP_CHECK_STREAM, settings.seed, 0, settings.check_problems)
     history: list[tuple[int, float]] = []
     previous: tuple[int, float, dict[str, torch.Tensor]] | None = None
     chosen = None
     for step in sft_steps(model, task, batch_size=settings.batch_size, lr=settings.lr, seed=settings.seed):
         if step.step % settings.check_every:
             continue
-        acc = accuracy(sampler, task, check_set, params, seed=ctx.seed(STAGE, step.step))
+        acc = accuracy(sampler, task, check_set, params, seed=derive_seed(key, "check", step.step))
         history.append((step.step, acc))
         current = (step.step, acc, copy.deepcopy(model.state_dict()))
         if acc >= settings.accuracy_low:

@@ -8,10 +8,12 @@ the holder. Expiry compares wall clocks across hosts: keep the TTL well above th
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from probepo.store.store import ArtifactStore
 
 ACQUIRE_RACES = 8
+log = logging.getLogger("probepo.store")
 
 
 def _lease_record(holder: str, ttl_s: float, token: str, acquired_at: str) -> dict[str, Any]:
@@ -49,8 +52,17 @@ def _expired(record: dict[str, Any]) -> bool:
 class Lease:
     """A held lease; renew it well within its TTL, release it when done (or use it as a context manager)."""
 
-    def __init__(self, store: ArtifactStore, run_id: str, record: dict[str, Any], etag: str) -> None:
+    def __init__(
+        self,
+        store: ArtifactStore,
+        run_id: str,
+        record: dict[str, Any],
+        etag: str,
+        replaced: dict[str, Any] | None = None,
+    ) -> None:
         self.store, self.run_id, self.record, self._etag = store, run_id, record, etag
+        self.replaced = replaced
+        """The lease record this one overwrote (expired, ours, taken over or forced), or None."""
         self._key = RunLayout(run_id).lease
         self.released = False
 
@@ -103,13 +115,36 @@ def read_lease(store: ArtifactStore, run_id: str) -> dict[str, Any] | None:
         return {"holder": "<unreadable lease.json>"}
 
 
+def holder_is_dead(lease: dict[str, Any]) -> bool:
+    """Whether a lease's holder was a process of this host that no longer exists (killed, crashed). A
+    holder on another host is never judged dead from here: its expiry is the only evidence."""
+    if lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
+        return False
+    try:
+        os.kill(lease["pid"], 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
 def acquire_lease(
-    store: ArtifactStore, run_id: str, holder: str, ttl_s: float, *, force: bool = False
+    store: ArtifactStore,
+    run_id: str,
+    holder: str,
+    ttl_s: float,
+    *,
+    force: bool = False,
+    take_over: Callable[[dict[str, Any]], bool] | None = None,
 ) -> Lease:
     """Take the run's lease for `ttl_s` seconds.
 
-    Succeeds if there is no lease, it expired, it is ours (same holder), or `force`; otherwise raises
-    LeaseHeld naming the holder, its host and the expiry.
+    Succeeds if there is no lease, it expired, it is ours (same holder), `take_over(lease)` says so, or
+    `force`; otherwise raises LeaseHeld naming the holder, its host and the expiry. Each write is
+    conditional on the version just judged: when a racing driver takes the lease first, the next round
+    judges that driver's lease, so a takeover of a dead holder never overwrites a live one (only `force`,
+    an operator's decision, overwrites whatever is current).
     """
     if ttl_s <= 0:
         raise ValueError(f"ttl_s must be positive, got {ttl_s}")
@@ -119,6 +154,7 @@ def acquire_lease(
     data = to_json_bytes(record)
     for _ in range(ACQUIRE_RACES):
         current = objects.get_versioned(key)
+        existing: dict[str, Any] | None = None
         if current is None:
             etag = objects.put_if_absent(key, data)
         else:
@@ -126,9 +162,20 @@ def acquire_lease(
                 existing = from_json_bytes(current.data)
             except FormatError:
                 existing = {}  # unreadable: treat as expired, it protects nothing
-            if not (force or _expired(existing) or existing.get("holder") == holder):
+            free = _expired(existing) or existing.get("holder") == holder
+            if not (force or free or (take_over is not None and take_over(existing))):
                 raise LeaseHeld(run_id, existing)
             etag = objects.put_if_match(key, data, current.etag)
         if etag is not None:
-            return Lease(store, run_id, record, etag)
+            return Lease(store, run_id, record, etag, replaced=existing)
     raise StoreError(f"could not take the lease of run {run_id!r}: lost {ACQUIRE_RACES} races in a row")
+
+
+def take_lease(store: ArtifactStore, run_id: str, holder: str, ttl_s: float) -> Lease:
+    """The lease for a command that works on a run (a driver, gc): free, expired or ours, or left by a dead
+    process of this host, which is taken over (logged); a live holder raises LeaseHeld."""
+    lease = acquire_lease(store, run_id, holder, ttl_s, take_over=holder_is_dead)
+    old = lease.replaced
+    if old is not None and old.get("holder") != holder and not _expired(old):
+        log.warning("run %s: took over the lease of %s (its process is gone)", run_id, old.get("holder"))
+    return lease

@@ -162,8 +162,9 @@ def test_adversarial_completion_finishes_within_deadline(name):
     reward = grade([ADVERSARIAL[name]], ["1"], timeout_s=timeout_s)
     elapsed = time.monotonic() - start
     assert reward in ([0.0], [1.0])
-    # Margin: unwinding, or SIGKILL and a replacement worker's start-up (~0.7 s on 2 cores).
-    assert elapsed < timeout_s + 2.0, f"{name}: {elapsed:.2f} s"
+    # Margin: unwinding, or SIGKILL and a replacement worker's start-up: ~0.7 s on 2 idle cores, up to
+    # 1.8 s seen on a loaded machine. A grade that ignored its deadline takes far longer (or never ends).
+    assert elapsed < timeout_s + 5.0, f"{name}: {elapsed:.2f} s"
     assert grade(["\\boxed{0.5}"], ["\\frac{1}{2}"]) == [1.0]
 
 
@@ -173,7 +174,7 @@ def test_stuck_workers_are_killed_at_the_deadline_and_replaced():
         os.kill(pid, signal.SIGSTOP)  # stuck where not even the worker's own timer can run
     start = time.monotonic()
     assert grade(["\\boxed{1}"] * len(pids), ["1"] * len(pids), timeout_s=0.5) == [0.0] * len(pids)
-    assert time.monotonic() - start < 0.5 + 3.0
+    assert time.monotonic() - start < 0.5 + 5.0  # without the deadline: blocked for good
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # killed and reaped

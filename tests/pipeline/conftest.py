@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from pathlib import Path
 
 import pytest
@@ -32,5 +33,15 @@ def warm_store(tmp_path_factory: pytest.TempPathFactory) -> ArtifactStore:
     """A local store holding the tiny recipe's warm-up checkpoint (made once per session)."""
     folder: Path = tmp_path_factory.mktemp("store")
     store = open_store(folder)
+    ensure_warmup(tiny_config(), store)
+    return store
+
+
+@pytest.fixture(scope="session")
+def s3_warm_store(s3_admin) -> ArtifactStore:
+    """A store on the S3 endpoint holding the tiny recipe's warm-up checkpoint (made once per session)."""
+    bucket = f"warm-{uuid.uuid4().hex[:12]}"
+    s3_admin.create_bucket(Bucket=bucket)
+    store = open_store(f"s3://{bucket}/team/runs")
     ensure_warmup(tiny_config(), store)
     return store

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -11,9 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV
 from probepo.pipeline import LeaseKeeper, train
-from probepo.preemption import Preempted, StopFlag
+from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.store import ArtifactStore, LeaseHeld, LeaseLost, RunConfigMismatch, acquire_lease
+from probepo.store.formats import to_json_bytes
+from probepo.store.keys import RunLayout
 from tests.pipeline.conftest import tiny_config
 
 
@@ -42,18 +48,65 @@ def test_resume_with_another_recipe_is_refused(warm_store: ArtifactStore):
         train(tiny_config("probepo", num_updates=0), "frozen", store=warm_store)
 
 
-def test_preemption_commits_the_minibatch_then_stops(warm_store: ArtifactStore, monkeypatch):
-    monkeypatch.setattr(StopFlag, "__call__", lambda self: True)  # as if SIGUSR2 had arrived
+PAUSED_IN_OPTIMIZE = "0:optimize.part-0000:after-commit"  # the safe point after the first mini-batch
+
+
+def _wait_for_mark(mark: Path, process: subprocess.Popen | None = None) -> int:
+    """The pid a paused stage wrote to `mark`, once it is there."""
+    deadline = time.monotonic() + 120
+    while not mark.exists() or not mark.read_text().strip():
+        assert process is None or process.poll() is None, process.communicate()
+        assert time.monotonic() < deadline, "the stage never reached its pause point"
+        time.sleep(0.05)
+    return int(mark.read_text())
+
+
+def test_a_real_sigusr2_commits_the_minibatch_then_raises_preempted(warm_store, monkeypatch, tmp_path):
+    mark = tmp_path / "paused"
+    monkeypatch.setenv(PAUSE_ENV, PAUSED_IN_OPTIMIZE)
+    monkeypatch.setenv(PAUSE_MARK_ENV, str(mark))
     config = tiny_config("grpo", num_updates=1)
+
+    def preempt() -> None:
+        os.kill(_wait_for_mark(mark), signal.SIGUSR2)  # as SLURM does, to this very process
+
+    sender = threading.Thread(target=preempt, daemon=True)
+    sender.start()
     with pytest.raises(Preempted, match="mini-batch 0 of update 0"):
         train(config, "preempted", store=warm_store)
+    sender.join()
     assert warm_store.committed("preempted", 0, "optimize.part-0000")
     assert not warm_store.committed("preempted", 0, "optimize")
-    monkeypatch.undo()
+    monkeypatch.delenv(PAUSE_ENV)
     train(config, "preempted", store=warm_store)
     assert warm_store.committed("preempted", 0, "optimize")
     outcomes = [a["outcome"] for a in warm_store.attempts("preempted", 0, "optimize")]
     assert outcomes == ["preempted", "committed"]
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("signum", [signal.SIGUSR2, signal.SIGTERM], ids=["SIGUSR2", "SIGTERM"])
+def test_a_preempted_cli_run_commits_and_exits_75(warm_store, tmp_path, signum):
+    preset = tmp_path / "tiny.yaml"
+    preset.write_text(yaml.safe_dump(tiny_config("grpo", num_updates=1).model_dump(mode="json")))
+    run_id = f"preempted-cli-{signum.name}"
+    mark = tmp_path / "paused"
+    env = {**os.environ, PAUSE_ENV: PAUSED_IN_OPTIMIZE, PAUSE_MARK_ENV: str(mark)}
+    command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", run_id]
+    child = subprocess.Popen(
+        [*command, "--store", warm_store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.kill(_wait_for_mark(mark, child), signum)
+    _, err = child.communicate(timeout=120)
+    assert child.returncode == PREEMPTED_EXIT, err
+    assert f"probepo resume {run_id}" in err
+    assert warm_store.committed(run_id, 0, "optimize.part-0000")
+    assert not warm_store.committed(run_id, 0, "optimize")
+    assert [a["outcome"] for a in warm_store.attempts(run_id, 0, "optimize")] == ["preempted"]
 
 
 def test_cli_rejects_a_bad_preset_naming_the_field(tmp_path: Path):
@@ -91,3 +144,17 @@ def test_lease_keeper_renews_past_the_ttl_and_reports_a_takeover(warm_store: Art
         time.sleep(1.0)
         with pytest.raises(LeaseLost, match="kept"):
             keeper.check()
+
+
+def test_resume_of_a_recipe_this_version_cannot_read_is_one_line_and_exit_2(warm_store, tmp_path):
+    """A field renamed since the run was made: no traceback, the field named, and what to do."""
+    config = tiny_config("grpo", num_updates=0)
+    train(config, "renamed-field", store=warm_store)
+    record = warm_store.read_run("renamed-field")
+    record["config"]["algo"]["kapa"] = record["config"]["algo"].pop("kappa")
+    warm_store.objects.put_bytes(RunLayout("renamed-field").run_json, to_json_bytes(record))
+    result = _cli("resume", "renamed-field", "--store", warm_store.url)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    first = result.stderr.splitlines()[0]
+    assert first.startswith("error: ") and "algo.kapa" in first and "algo.kappa" in first
+    assert "start a new run id" in result.stderr

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from probepo.config import RunConfig, load_run_config
+from probepo.config import RunConfig
+from probepo.presets import load_run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -21,11 +22,11 @@ def test_every_preset_is_valid(preset):
 
 
 def test_dotted_overrides_and_errors_name_the_file_and_field(tmp_path):
-    config = load_run_config(CONFIGS / "cpu-demo.yaml", **{"algo.kappa": 0.0, "num_updates": 3})
+    config = load_run_config(CONFIGS / "cpu-demo.yaml", {"algo.kappa": 0.0, "num_updates": 3})
     assert config.algo.kappa == 0.0 and config.num_updates == 3
     bad = tmp_path / "bad.yaml"
     bad.write_text("algo:\n  windw: 8\n")
     with pytest.raises(ValueError, match=r"bad\.yaml(.|\n)*algo\.windw"):
         load_run_config(bad)
     with pytest.raises(ValueError, match="rescue_suffix"):
-        load_run_config(CONFIGS / "cpu-demo.yaml", **{"algo.rescue_suffix": "\\boxed{"})
+        load_run_config(CONFIGS / "cpu-demo.yaml", {"algo.rescue_suffix": "\\boxed{"})

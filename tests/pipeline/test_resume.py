@@ -20,6 +20,7 @@ from tests.pipeline.conftest import tiny_config
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
 FINAL = 2  # tiny_config trains 2 updates: the final policy is the checkpoint of update 2
+MINIBATCHES = 3  # tiny_config: 16 responses in mini-batches of 6
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +51,52 @@ def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | 
     return subprocess.run(command, env=env, capture_output=True, timeout=180).returncode
 
 
+def _drill(
+    store: ArtifactStore, crash_at: str, preset: Path, events: Path, baseline: dict[str, bytes]
+) -> None:
+    """Kill a CLI run at `crash_at`, rerun it, and check what the drill promises."""
+    run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-")
+    assert _train_cli(store, preset, run_id, crash_at, events) == -signal.SIGKILL
+    update, stage, when = crash_at.split(":")
+    assert not store.committed(run_id, FINAL - 1, "optimize")
+    parts_before = len([s for s in store.committed_stages(run_id, 1) if s.startswith("optimize.part-")])
+    assert _train_cli(store, preset, run_id, None, events) == 0
+
+    final = store.read_stage(run_id, FINAL, "checkpoint")
+    assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
+    # The killed attempt left its "running" record. A stage killed right after its commit is not run
+    # again; any other killed stage is, once.
+    killed_update, killed_stage = int(update), stage.split(".")[0]
+    if stage == "checkpoint" and killed_update > 0:  # later checkpoints are committed by optimize
+        killed_update, killed_stage = killed_update - 1, "optimize"
+    attempts = store.attempts(run_id, killed_update, killed_stage)
+    rerun = killed_stage != stage or when == "before-commit"
+    assert [a["outcome"] for a in attempts] == (["running", "committed"] if rerun else ["running"])
+    if killed_stage == "optimize":
+        # Resume continues inside the optimizer: the resumed attempt runs only the mini-batches that were
+        # not committed (bitwise equality alone cannot show this: recomputing them gives the same bits).
+        resumed = attempts[-1]
+        if stage == "checkpoint":  # policy k + 1 was committed: only the stage's summary remained
+            assert resumed["minibatches_run"] == 0
+        else:
+            assert resumed["resumed_at_minibatch"] == parts_before
+            assert resumed["minibatches_run"] == MINIBATCHES - parts_before
+    for entry_update, stages in store.ledger_entries(run_id).items():
+        for name in stages:
+            committed = [a for a in store.attempts(run_id, entry_update, name) if a["outcome"] == "committed"]
+            assert len(committed) <= 1
+    metrics = store.read_metrics(run_id)
+    assert [m["update"] for m in metrics] == [0, 1, 2]
+    assert list(events.glob("events.out.tfevents.*"))  # metrics also go to TensorBoard
+
+
+@pytest.fixture
+def preset(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(tiny_config("probepo").model_dump(mode="json")))
+    return path
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
     "crash_at",
@@ -61,36 +108,14 @@ def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | 
         "2:checkpoint:after-commit",  # inside optimize, between its checkpoint and its summary
     ],
 )
-def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, tmp_path):
-    preset = tmp_path / "tiny.yaml"
-    preset.write_text(yaml.safe_dump(tiny_config("probepo").model_dump(mode="json")))
-    run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-")
+def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, preset, tmp_path):
+    _drill(warm_store, crash_at, preset, tmp_path / "tensorboard", baseline)
 
-    events = tmp_path / "tensorboard"
-    assert _train_cli(warm_store, preset, run_id, crash_at, events) == -signal.SIGKILL
-    update, stage, when = crash_at.split(":")
-    assert not warm_store.committed(run_id, FINAL - 1, "optimize")
-    assert _train_cli(warm_store, preset, run_id, None, events) == 0
 
-    final = warm_store.read_stage(run_id, FINAL, "checkpoint")
-    assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
-    # The killed attempt left its "running" record. A stage killed right after its commit is not run
-    # again; any other killed stage is, once.
-    killed_update, killed_stage = int(update), stage.split(".")[0]
-    if stage == "checkpoint" and killed_update > 0:  # later checkpoints are committed by optimize
-        killed_update, killed_stage = killed_update - 1, "optimize"
-    outcomes = [a["outcome"] for a in warm_store.attempts(run_id, killed_update, killed_stage)]
-    rerun = killed_stage != stage or when == "before-commit"
-    assert outcomes == (["running", "committed"] if rerun else ["running"])
-    for entry_update, stages in warm_store.ledger_entries(run_id).items():
-        for name in stages:
-            committed = [
-                a for a in warm_store.attempts(run_id, entry_update, name) if a["outcome"] == "committed"
-            ]
-            assert len(committed) <= 1
-    metrics = warm_store.read_metrics(run_id)
-    assert [m["update"] for m in metrics] == [0, 1, 2]
-    assert list(events.glob("events.out.tfevents.*"))  # metrics also go to TensorBoard
+@pytest.mark.integration
+@pytest.mark.parametrize("crash_at", ["0:probe:before-commit", "1:optimize.part-0000:after-commit"])
+def test_killed_run_on_s3_resumes_bitwise(crash_at, s3_warm_store, baseline, preset, tmp_path):
+    _drill(s3_warm_store, crash_at, preset, tmp_path / "tensorboard", baseline)
 
 
 @pytest.mark.integration

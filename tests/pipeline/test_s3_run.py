@@ -6,14 +6,13 @@ import pytest
 
 from probepo.pipeline import train
 from probepo.stages import TRAINING_STAGES
-from probepo.store import open_store
 from tests.pipeline.conftest import tiny_config
 
 
 @pytest.mark.integration
-def test_run_on_s3_matches_the_local_run(s3_bucket, warm_store):
+def test_run_on_s3_matches_the_local_run(s3_warm_store, warm_store):
     config = tiny_config("probepo", num_updates=1)
-    store = open_store(f"s3://{s3_bucket}/team/runs")
+    store = s3_warm_store
     metrics = train(config, "on-s3", store=store)
     assert [m["update"] for m in metrics] == [0, 1]
     assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(store.ledger_entries("on-s3")[0])

@@ -6,13 +6,17 @@ import numpy as np
 import pytest
 import torch
 
-from probepo.algo.advantage import group_advantages, group_stats
-from probepo.config import with_overrides
+from probepo.algo.advantage import group_advantages, group_stats, redistribute
 from probepo.data import build_task
+from probepo.models.gpt import load_model
 from probepo.pipeline import train
+from probepo.presets import with_overrides
 from probepo.report import load_curves, write_report
 from probepo.stages import TRAINING_STAGES, warmup
-from probepo.store import ArtifactStore
+from probepo.stages.common import Rollouts
+from probepo.stages.context import StageContext
+from probepo.stages.select import choose_pivots
+from probepo.store import ArtifactStore, open_store
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 from tests.pipeline.conftest import tiny_config
 
@@ -92,15 +96,38 @@ def test_vineppo_probes_every_boundary(runs, warm_store):
     task = build_task(tiny_config().task)
     table = table_from_parquet(warm_store.read_stage(run, 0, "sample")["rollouts.parquet"])
     pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
-    finished = np.asarray(table["finish_reason"]) == "stop"
-    group = np.asarray(table["group"])
     for row, response in enumerate(table["response_ids"]):
         ends = task.step_end(list(response))
-        boundaries = {t for t in range(1, len(response)) if ends[t - 1]}
-        chosen = {int(t) for t in pivots[row] if t >= 0}
-        # Every boundary, except in groups whose responses are all unfinished (skipped).
-        assert chosen == (boundaries if finished[group == group[row]].any() else set())
+        assert {int(t) for t in pivots[row] if t >= 0} == {t for t in range(1, len(response)) if ends[t - 1]}
     assert warm_store.marker(run, 0, "probe")["summary"]["continuations"] == int((pivots >= 0).sum()) * 3
+
+
+def test_vineppo_probes_groups_whose_responses_are_all_unfinished(tmp_path):
+    """§6: every boundary of every response; the sparse selector's skip of all-unfinished groups does not
+    apply to dense probing."""
+    config = tiny_config("vineppo")
+    task = build_task(config.task)
+    cut = task.tokenizer.encode("0+1=1;1+2=0;0")  # cut at the length limit: no answer, no EOS
+    done = [*task.tokenizer.encode("0+1=1;1+2=0;0+0=0;>0"), task.tokenizer.eos_id]
+    rollouts = Rollouts(
+        group=torch.tensor([0, 0, 1, 1]),
+        prompts=[task.prompt_ids(task.problem(0, "train"))] * 4,
+        responses=[cut, cut, done, cut],
+        rewards=torch.tensor([0.0, 0.0, 1.0, 0.0], dtype=torch.float64),
+        finished=torch.tensor([False, False, True, False]),
+        problems=[task.problem(0, "train")] * 4,
+    )
+    ctx = StageContext(open_store(tmp_path), "unit", 0, config, tmp_path)
+    pivots = choose_pivots(ctx, rollouts)
+    assert [sorted(int(t) for t in row if t >= 0) for row in pivots] == [
+        [6, 12],
+        [6, 12],
+        [6, 12, 18],
+        [6, 12],
+    ]
+    random = with_overrides(tiny_config(), **{"algo.selector": "random"})  # reads no entropies
+    sparse = choose_pivots(StageContext(open_store(tmp_path), "unit", 0, random, tmp_path), rollouts)
+    assert not (sparse[:2] >= 0).any()  # ProbePO skips the group whose responses are all unfinished
 
 
 def test_warmup_is_reused(warm_store):
@@ -176,3 +203,107 @@ def test_report_command_compares_runs_and_names_a_missing_one(runs, warm_store, 
     assert "| stages-probepo | probepo |" in result.output and (out / "curves.png").exists()
     missing = CliRunner().invoke(app, ["report", "no-such-run", "--store", warm_store.url, "--out", str(out)])
     assert missing.exit_code == 2 and "no-such-run" in missing.output
+
+
+@pytest.fixture(scope="module")
+def variants(warm_store: ArtifactStore) -> dict[str, str]:
+    """One-update runs down the code paths the default recipe does not take."""
+    settings = {
+        "random-groupstd": {"algo.selector": "random", "algo.residual_scale": "group_std"},
+        "mixed-only": {"algo.probe_uniform_groups": False, "group_size": 2, "prompts_per_update": 8},
+    }
+    runs = {}
+    for name, override in settings.items():
+        runs[name] = f"variant-{name}"
+        train(with_overrides(tiny_config("probepo", num_updates=1), **override), runs[name], store=warm_store)
+    return runs
+
+
+def _rollouts(store: ArtifactStore, run: str, update: int = 0):
+    table = table_from_parquet(store.read_stage(run, update, "sample")["rollouts.parquet"])
+    rewards = torch.tensor(np.asarray(table["reward"]), dtype=torch.float64)
+    lengths = torch.tensor([len(r) for r in table["response_ids"]])
+    return table, rewards, torch.tensor(np.asarray(table["group"])), lengths
+
+
+def test_random_placement_ignores_step_boundaries(variants, warm_store):
+    run = variants["random-groupstd"]
+    table, _, _, lengths = _rollouts(warm_store, run)
+    pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
+    assert ((pivots >= 0).sum(1).view(-1, 4).sum(1) <= 2).all()  # the budget per group holds
+    present = pivots >= 0
+    assert present.sum() > 0 and ((pivots >= 1) & (pivots < lengths[:, None]))[present].all()
+    task = build_task(tiny_config().task)
+    after_a_boundary = [
+        task.step_end(list(table["response_ids"][row]))[int(pivots[row, slot]) - 1]
+        for row, slot in present.nonzero().tolist()
+    ]
+    assert not all(after_a_boundary)  # the entropy selector places pivots after boundaries only
+
+
+def test_group_std_residual_scale_divides_the_residual(variants, warm_store):
+    run = variants["random-groupstd"]
+    _, rewards, group, lengths = _rollouts(warm_store, run)
+    pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
+    values = _tensors(warm_store, run, 0, "probe", "values.safetensors")["values"]
+    mask = torch.arange(int(lengths.max()))[None, :] < lengths[:, None]
+    mean, std = group_stats(rewards, group)
+    seq_adv = group_advantages(rewards, group)
+    expected = redistribute(seq_adv, rewards, mean, mask, pivots, values, scale=std.clamp_min(0.1))
+    got = _tensors(warm_store, run, 0, "advantage", "advantages.safetensors")["advantages"]
+    torch.testing.assert_close(got, expected.float())
+    unscaled = redistribute(seq_adv, rewards, mean, mask, pivots, values).float()
+    assert (got - unscaled).abs().max() > 1e-3
+
+
+def test_uniform_groups_are_not_probed_when_told(variants, warm_store):
+    run = variants["mixed-only"]
+    _, rewards, group, _ = _rollouts(warm_store, run)
+    pivots = _tensors(warm_store, run, 0, "select", "pivots.safetensors")["pivot_pos"]
+    _, std = group_stats(rewards, group)
+    assert (std == 0).any() and (std > 0).any()  # both kinds of group are there to tell apart
+    probed = (pivots >= 0).any(1)
+    assert not probed[std == 0].any() and probed[std > 0].any()
+
+
+def test_vineppo_values_are_plain_monte_carlo(runs, warm_store):
+    """VinePPO's κ = 0 in the probe stage, whatever algo.kappa says (tiny_config keeps κ = 4)."""
+    values = _tensors(warm_store, "stages-vineppo", 0, "probe", "values.safetensors")
+    probed = values["trials"] > 0
+    assert probed.any()
+    torch.testing.assert_close(values["values"][probed], (values["successes"] / values["trials"])[probed])
+
+
+def _greedy_reference(model, prompt: list[int], max_tokens: int, eos: int) -> list[int]:
+    """Greedy decoding one token at a time with a full forward pass each: no cache, no batching."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(max_tokens):
+            token = int(model(torch.tensor([ids]))[0, -1].argmax())
+            ids.append(token)
+            if token == eos:
+                break
+    return ids[len(prompt) :]
+
+
+def test_greedy_evaluation_is_greedy(runs, warm_store, tmp_path):
+    run = "stages-probepo"
+    for name in ("model.safetensors", "config.json"):
+        warm_store.download_stage_file(run, 1, "checkpoint", name, tmp_path / name)
+    model = load_model(tmp_path).eval()
+    config = tiny_config()
+    task = build_task(config.task)
+    problems = [task.problem(i, "eval") for i in range(config.eval.problems)]
+    expected = [
+        task.verify(
+            task.tokenizer.decode(
+                _greedy_reference(
+                    model, task.prompt_ids(p), config.sampling.max_tokens, task.tokenizer.eos_id
+                )
+            ),
+            p,
+        )
+        for p in problems
+    ]
+    table = table_from_parquet(warm_store.read_stage(run, 1, "evaluate")["eval.parquet"])
+    assert np.asarray(table["greedy_correct"]).tolist() == expected

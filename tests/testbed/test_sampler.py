@@ -139,3 +139,19 @@ def test_bad_input_is_named(engine):
     assert SamplingParams.from_config(SamplingConfig(max_tokens=5), [EOS]) == SamplingParams(
         1.0, 1.0, 5, (EOS,)
     )
+
+
+def test_probes_of_mixed_prefix_lengths_stay_inside_the_context():
+    """A finished long-prefix row stays in the batch until compaction while short-prefix rows go on:
+    every row must still be fed a position inside the context (the audit's reproduction)."""
+    torch.manual_seed(0)
+    engine = TorchGenerationEngine(GPT(ModelConfig(vocab_size=19, d_model=32, n_layers=1, context=32)))
+    prompt = [1, 5, 6, 7, 8]
+    response = torch.randint(3, 19, (26,), generator=torch.Generator().manual_seed(0)).tolist()
+    pivots = [2, 2, 2, 2, 20]
+    params = SamplingParams(max_tokens=27, stop_token_ids=())
+    prefixes = [prompt + response[:t] for t in pivots]
+    budgets = [params.max_tokens - t for t in pivots]
+    continuations = engine.continue_from(prefixes, 2, params, 0, budgets)
+    assert [[len(c.ids) for c in row] for row in continuations] == [[b, b] for b in budgets]
+    assert all(c.finish_reason == "length" for row in continuations for c in row)

@@ -5,9 +5,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from probepo.config import TaskConfig
+from probepo.config import RunConfig, TaskConfig
 from probepo.data import ModChainTask, build_task
-from probepo.data.task import split_of
+from probepo.data.task import RL_STREAM, WARMUP_CHECK_STREAM, WARMUP_STREAM, split_of
 
 TASK = ModChainTask(steps=6, modulus=10, ops="+-", seed=3)
 TOK = TASK.tokenizer
@@ -19,8 +19,17 @@ def test_problems_are_deterministic_and_seeded():
     first = [TASK.problem(i, "train") for i in range(20)]
     assert first == [again.problem(i, "train") for i in range(20)]
     assert first != [other.problem(i, "train") for i in range(20)]
-    assert TASK.batch(7, 2, 16) == again.batch(7, 2, 16)
-    assert TASK.batch(7, 2, 16) != TASK.batch(7, 3, 16)
+    assert TASK.batch(RL_STREAM, 7, 2, 16) == again.batch(RL_STREAM, 7, 2, 16)
+    assert TASK.batch(RL_STREAM, 7, 2, 16) != TASK.batch(RL_STREAM, 7, 3, 16)
+
+
+def test_rl_prompts_never_replay_the_warmup_batches():
+    """A run whose seed equals warmup.seed (both 0 by default) must not train RL update k on the first
+    problems of warm-up batch k: the two are separate streams."""
+    for k in range(5):
+        rl = {p.prompt for p in TASK.batch(RL_STREAM, 0, k, 16)}
+        assert not rl & {p.prompt for p in TASK.batch(WARMUP_STREAM, 0, k, 64)}
+        assert not rl & {p.prompt for p in TASK.batch(WARMUP_CHECK_STREAM, 0, 0, 64)}
 
 
 def test_splits_are_disjoint():
@@ -169,3 +178,25 @@ def test_pointer_verifier_is_strict_and_splits_are_disjoint():
 def test_pointer_config_rejects_a_trivial_hop_count():
     with pytest.raises(ValidationError, match="hops = 16 is a multiple of letters = 8"):
         TaskConfig(kind="pointer", letters=8, hops=16)
+
+
+@pytest.mark.parametrize(
+    "config", [TaskConfig(modulus=100, steps=3), TaskConfig(), TaskConfig(kind="pointer", letters=5, hops=3)]
+)
+def test_longest_prompt_bounds_every_prompt_and_is_reached(config):
+    task = build_task(config)
+    lengths = [len(task.prompt_ids(task.problem(i, "train"))) for i in range(400)]
+    assert max(lengths) == task.longest_prompt()
+
+
+def test_the_context_check_reads_the_longest_prompt_not_problem_0():
+    """Problem 0 may have short numbers; the context must fit the longest prompt the task can make."""
+    for seed in range(50):
+        task = build_task(TaskConfig(modulus=100, steps=3, seed=seed))
+        first = len(task.prompt_ids(task.problem(0, "train")))
+        if first < task.longest_prompt():
+            break
+    fields = {"task": {"modulus": 100, "steps": 3, "seed": seed}, "model": {"vocab_size": 19}}
+    fits_problem_0 = {**fields, "sampling": {"max_tokens": 64}, "algo": {"rescue_tokens": 0}}
+    with pytest.raises(ValidationError, match="longest prompt"):
+        RunConfig.model_validate({**fits_problem_0, "model": {"context": first + 64}})

@@ -12,18 +12,21 @@ from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models import GPT
 
 CONFIG = ModelConfig(vocab_size=19, d_model=32, n_layers=2, n_heads=4, context=64)
+BUDGET = 10  # the responses' generation limit
 
 
-def make_trainer(seed=0, dtype=torch.float32, **optim):
+def make_trainer(seed=0, dtype=torch.float32, algo=None, **optim):
     torch.manual_seed(seed)
     model = GPT(CONFIG).to(dtype)
-    return TorchTrainerEngine(model, OptimConfig(**{"lr": 1e-3, **optim}), temperature=0.8)
+    return TorchTrainerEngine(
+        model, OptimConfig(**{"lr": 1e-3, **optim}), algo, response_budget=BUDGET, temperature=0.8
+    )
 
 
 def rollouts(trainer, k=6, n=4):
     rng = torch.Generator().manual_seed(3)
     prompts = [[1, *torch.randint(3, 19, (4 + i % 3,), generator=rng).tolist()] for i in range(k)]
-    params = SamplingParams(temperature=0.8, max_tokens=10, stop_token_ids=(2,))
+    params = SamplingParams(temperature=0.8, max_tokens=BUDGET, stop_token_ids=(2,))
     groups = TorchGenerationEngine(trainer.model).generate(prompts, n, params, seed=0)
     return [p for p in prompts for _ in range(n)], [c.ids for g in groups for c in g]
 
@@ -135,6 +138,18 @@ def test_bad_batches_and_settings_are_named():
     with pytest.raises(ValueError, match="start_minibatch"):
         trainer.train_step(batch, seed=0, start_minibatch=5)
     with pytest.raises(ValueError, match="kl_coef"):
-        TorchTrainerEngine(trainer.model, OptimConfig(), AlgoConfig(kl_coef=0.1))
+        TorchTrainerEngine(trainer.model, OptimConfig(), AlgoConfig(kl_coef=0.1), response_budget=BUDGET)
     with pytest.raises(ValueError, match="temperature"):
-        TorchTrainerEngine(trainer.model, OptimConfig(), temperature=0.0)
+        TorchTrainerEngine(trainer.model, OptimConfig(), response_budget=BUDGET, temperature=0.0)
+
+
+def test_dr_grpo_divides_by_the_generation_budget_not_the_longest_response():
+    """Dr.GRPO's constant: at ratio 1 a token's loss is −A, so with A = 1 on every token the loss of one
+    mini-batch is −Σ lengths / (responses × budget) whatever the update's longest response."""
+    trainer = make_trainer(algo=AlgoConfig(loss_agg="seq-mean-token-sum-norm"), minibatch_size=1000)
+    prompts, responses = rollouts(trainer)
+    responses = [r[: 1 + i % 4] for i, r in enumerate(responses)]  # all shorter than the budget of 10
+    old_logp, _, mask = trainer.score(prompts, responses)
+    metrics = trainer.train_step(TrainBatch(prompts, responses, old_logp, mask.double()), seed=0)
+    expected = -sum(map(len, responses)) / (len(responses) * BUDGET)
+    assert metrics["loss"] == pytest.approx(expected, rel=1e-5)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from probepo.config import AlgoConfig, RunConfig, with_overrides
+from probepo.config import AlgoConfig, RunConfig
+from probepo.presets import with_overrides
 
 
 def test_defaults_are_the_study_recipe():

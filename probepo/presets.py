@@ -1,0 +1,145 @@
+"""Run configs from YAML presets and dotted overrides, and errors a user can act on.
+
+Every invalid value is reported as one line naming where it came from (the preset file, or the command-line
+option that set it), the dotted field, what was wrong, what is allowed, and for a misspelt field the
+nearest existing one (`group_sze` → `group_size`).
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from collections.abc import Mapping
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from annotated_types import Ge, Gt, Le, Lt, MinLen
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+
+from probepo.config import RunConfig
+
+
+class ConfigError(ValueError):
+    """An invalid run config; the message has one line per problem, each naming its source and field."""
+
+
+def _set_dotted(data: dict, overrides: Mapping[str, object]) -> dict:
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for depth, key in enumerate(parents, start=1):
+            node = node.setdefault(key, {})
+            if not isinstance(node, dict):
+                held = ".".join(parents[:depth])
+                raise ConfigError(f"{dotted}: {held} holds a value, not fields: drop the part after {held}")
+        node[leaf] = value
+    return data
+
+
+def _field_at(loc: tuple[str | int, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model that holds the field at `loc` and the field (None where `loc` leaves the models)."""
+    model: type[BaseModel] = RunConfig
+    info: FieldInfo | None = None
+    for index, part in enumerate(loc):
+        info = model.model_fields.get(str(part))
+        if info is None:
+            return model, None
+        nested = info.annotation
+        if index < len(loc) - 1:
+            if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
+                return None, None
+            model = nested
+    return model, info
+
+
+def _allowed(info: FieldInfo) -> str:
+    """What a field accepts, in words: its type, its bounds, its choices."""
+    annotation = info.annotation
+    if typing.get_origin(annotation) is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(annotation))
+    names = {int: "an integer", float: "a number", bool: "true or false", str: "a string"}
+    kind = names.get(annotation, getattr(annotation, "__name__", str(annotation)))
+    bounds = []
+    for rule in info.metadata:
+        for cls, symbol, attribute in ((Ge, ">=", "ge"), (Gt, ">", "gt"), (Le, "<=", "le"), (Lt, "<", "lt")):
+            if isinstance(rule, cls):
+                bounds.append(f"{symbol} {getattr(rule, attribute)}")
+        if isinstance(rule, MinLen):
+            bounds.append(f"of at least {rule.min_length} character(s)")
+    return " ".join([kind, *bounds])
+
+
+def _problem(error: Mapping[str, Any]) -> str:
+    """One error's text: what was wrong and what is allowed, or the nearest field for a typo."""
+    loc = tuple(error["loc"])
+    dotted = ".".join(map(str, loc)) or "<config>"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    model, info = _field_at(loc)
+    if error["type"] == "extra_forbidden":
+        parent = ".".join(map(str, loc[:-1]))
+        near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields) if model else [], n=1)
+        hint = f"; did you mean {'.'.join(filter(None, [parent, near[0]]))}?" if near else ""
+        fields = ", ".join(model.model_fields) if model else ""
+        return f"{dotted}: no such field{hint} (fields{' of ' + parent if parent else ''}: {fields})"
+    if error["type"] == "value_error" or info is None:  # a rule across fields: its message says it all
+        return f"{dotted}: {message}"
+    got = error.get("input")
+    return f"{dotted} = {got!r}: {message}; allowed: {_allowed(info)}"
+
+
+def explain(exc: ValidationError, source: str, blame: Mapping[str, str] | None = None) -> ConfigError:
+    """A ConfigError for a failed RunConfig validation: each problem is attributed to the option in
+    `blame` (dotted field → e.g. `--set algo.kappa`) whose field it concerns, else to `source`."""
+    blame = blame or {}
+    lines = []
+    for error in exc.errors():
+        dotted = ".".join(map(str, error["loc"]))
+        owner = next(
+            (option for field, option in blame.items() if dotted == field or dotted.startswith(field + ".")),
+            source,
+        )
+        lines.append(f"{owner}: {_problem(error)}")
+    return ConfigError("\n".join(lines))
+
+
+def validate_run_config(
+    data: Mapping[str, Any], source: str, blame: Mapping[str, str] | None = None
+) -> RunConfig:
+    """RunConfig.model_validate, with a ConfigError from `explain` on failure."""
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise explain(exc, source, blame) from None
+
+
+def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
+    """A validated copy of `config` with dotted overrides, e.g. `**{"algo.algorithm": "grpo"}`."""
+    return RunConfig.model_validate(_set_dotted(config.model_dump(), overrides))
+
+
+def load_run_config(
+    path: str | PathLike[str],
+    overrides: Mapping[str, object] | None = None,
+    *,
+    blame: Mapping[str, str] | None = None,
+) -> RunConfig:
+    """A RunConfig from a YAML preset with dotted overrides (e.g. `{"algo.algorithm": "grpo"}`).
+
+    `blame` names the command-line option behind each override, so that an invalid value is reported
+    against it (`--set algo.kappa`) rather than against the file. Raises ConfigError (a ValueError).
+    """
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the preset: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of RunConfig fields at the top level")
+    return validate_run_config(_set_dotted(data, overrides or {}), str(path), blame)
