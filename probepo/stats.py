@@ -73,3 +73,18 @@ def paired_t_ci95(a: Sequence[float], b: Sequence[float]) -> tuple[float, float,
     df = len(a) - 1
     half = (_T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df) * se
     return mean, mean - half, mean + half
+
+
+def paired_t_power(effect: float, sd: float, n: int, *, draws: int = 200_000, seed: int = 0) -> float:
+    """Power of the two-sided paired-t test at the 5 % level: the chance that `n` paired differences drawn
+    from Normal(effect, sd) give a 95 % interval excluding zero. Monte Carlo over `draws` experiments
+    (fixed seed: the same answer every call; its standard error is below 0.0012)."""
+    if n < 2 or sd <= 0:
+        raise ValueError(f"paired_t_power needs n >= 2 and sd > 0 (got n = {n}, sd = {sd})")
+    import numpy as np
+
+    diffs = np.random.default_rng(seed).normal(effect, sd, size=(draws, n))
+    t = diffs.mean(axis=1) / (diffs.std(axis=1, ddof=1) / math.sqrt(n))
+    df = n - 1
+    critical = _T975[df - 1] if df <= len(_T975) else 1.96 + 2.4 / df
+    return float((np.abs(t) > critical).mean())

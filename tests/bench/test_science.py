@@ -32,7 +32,7 @@ def curves(name: str, accuracy: list[float], tokens_per_update: float, wall_per_
 
 
 def test_analysis_pairs_seeds_matches_tokens_and_times_vineppo():
-    arms = {a.name: a for a in science._arms(2, 2)}
+    arms = {a.name: a for a in (science.GRPO_EQUAL_TOKENS, science.PROBEPO, science.VINEPPO)}
     testbed = science.Testbed("t", "configs/cpu-demo.yaml", N, tuple(arms.values()))
     # GRPO runs 4N updates at 100 tokens each; ProbePO spends 300 tokens per update.
     grpo = [
@@ -41,10 +41,12 @@ def test_analysis_pairs_seeds_matches_tokens_and_times_vineppo():
     ]
     probepo = [curves("p0", [0.2, 0.35, 0.45], 300, 2), curves("p1", [0.3, 0.33, 0.36], 300, 2)]
     vineppo = [curves("v0", [0.2, 0.3, 0.4], 3000, 20), curves("v1", [0.3, 0.3, 0.3], 3000, 20)]
+    # A third ProbePO seed that VinePPO lacks: the time-to-reach pairs seeds, so it must not count.
+    probepo.append(curves("p2", [0.9, 0.9, 0.9], 300, 2))
     collected = {
         "t": {
             "grpo": science.ArmResult(arms["grpo"], grpo, [DIAGNOSED] * 2),
-            "probepo": science.ArmResult(arms["probepo"], probepo, [DIAGNOSED] * 2),
+            "probepo": science.ArmResult(arms["probepo"], probepo, [DIAGNOSED] * 3),
             "vineppo": science.ArmResult(arms["vineppo"], vineppo, [DIAGNOSED] * 2),
         }
     }
@@ -62,8 +64,14 @@ def test_analysis_pairs_seeds_matches_tokens_and_times_vineppo():
     assert reach["vineppo_final_accuracy"] == 35.0
     assert reach["probepo_wall_to_reach"] == pytest.approx(2 + 2 * 0.01 / 0.065, abs=0.05)
     assert reach["ratio_wall"] == pytest.approx(reach["probepo_wall_to_reach"] / 40, abs=1e-3)
+    assert reach["seeds"] == 2
+    # Every run's whole curve is kept, with its seed.
+    runs = result["arms"]["probepo"]["runs"]
+    assert [r["seed"] for r in runs] == [0, 1, 2] and runs[0]["accuracy"] == [0.2, 0.35, 0.45]
+    assert runs[0]["tokens"] == [0, 300, 600] and runs[0]["wall_s"] == [0, 2, 4]
+    assert diff["power"] is not None and 0 <= diff["power"] <= 1 and "sd" in diff
     text = science.markdown({"t": result})
-    assert "| probepo | 2 |" in text and "at equal sampled tokens" in text
+    assert "| probepo | 3 |" in text and "at equal sampled tokens" in text and "power" in text
 
 
 def test_equal_tokens_beyond_grpo_run_uses_its_last_evaluation_and_says_so():
@@ -73,3 +81,16 @@ def test_equal_tokens_beyond_grpo_run_uses_its_last_evaluation_and_says_so():
     assert result["grpo_token_matched"]["seeds"] == [0.6]
     assert result["grpo_token_matched"]["grpo_token_fraction"] == 0.8
     assert result["probepo_minus_grpo_equal_tokens"]["mean"] == pytest.approx(-25.0)
+
+
+def test_replication_uses_its_fresh_seeds_and_the_power_it_was_sized_for():
+    replication = next(t for t in science.PLAN if t.name == science.REPLICATION)
+    assert {a.name: list(a.seed_range) for a in replication.arms} == {
+        "grpo": list(range(10, 40)),
+        "probepo": list(range(10, 40)),
+    }
+    assert all(a.horizon == 1 and a.overrides in ({}, science.GRPO) for a in replication.arms)
+    # The plan's arithmetic: 30 seeds, SD 2.2 points, +1.2 points -> about 80 % power.
+    assert science.paired_t_power(science.PLANNED_EFFECT, science.PLANNED_SD, 30) == pytest.approx(
+        0.8, abs=0.04
+    )

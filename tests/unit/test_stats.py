@@ -9,7 +9,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from probepo.stats import first_reach, mean_and_stderr, paired_bootstrap_ci, paired_t_ci95, value_at
+from probepo.stats import (
+    first_reach,
+    mean_and_stderr,
+    paired_bootstrap_ci,
+    paired_t_ci95,
+    paired_t_power,
+    value_at,
+)
 
 values = st.lists(st.floats(0, 1, allow_nan=False), min_size=2, max_size=30)
 
@@ -80,3 +87,16 @@ def test_paired_t_interval_matches_a_worked_example():
     assert low < b_low and b_high < high
     with pytest.raises(ValueError, match=">= 2 values"):
         paired_t_ci95([1.0], [0.0])
+
+
+def test_paired_t_power_matches_the_normal_approximation_and_its_limits():
+    # No effect: the test's level. A large effect: almost sure. Between: the noncentral-t power, close
+    # to the normal approximation Φ(δ − t_crit) for δ = effect / (sd / √n).
+    assert paired_t_power(0.0, 2.2, 30) == pytest.approx(0.05, abs=0.003)
+    assert paired_t_power(10.0, 2.2, 10) > 0.999
+    delta = 1.2 / (2.2 / math.sqrt(30))
+    approximation = 0.5 * (1 + math.erf((delta - 2.045) / math.sqrt(2)))
+    assert paired_t_power(1.2, 2.2, 30) == pytest.approx(approximation, abs=0.03)
+    assert paired_t_power(1.2, 2.2, 10) == pytest.approx(0.34, abs=0.02)  # the audit's 0.33
+    with pytest.raises(ValueError, match="n >= 2"):
+        paired_t_power(1.0, 1.0, 1)
