@@ -1,4 +1,9 @@
-"""The `probepo` command (typer): the face of the suite; the one module of probepo/ that may launch flows."""
+"""The `probepo` command (typer): the face of the suite; the one module of probepo/ that may launch flows.
+
+Conventions every command keeps: an error is one line on stderr starting `error:` (exit 2) that names what
+failed (the option, field, file, store URL or run) and what to do, with advice that names an option the
+command really has; a preemption exits 75 after committing; status lines come after the checks pass.
+"""
 
 from __future__ import annotations
 
@@ -14,8 +19,8 @@ import yaml
 from probepo import __version__
 from probepo.config import RunConfig
 from probepo.preemption import PREEMPTED_EXIT, Preempted
-from probepo.presets import ConfigError, load_run_config, validate_run_config
-from probepo.store import StoreError, open_store
+from probepo.presets import ConfigError, load_run_config, validate_run_config, with_overrides
+from probepo.store import LeaseHeld, StoreError, open_store
 from probepo.store.cli import StoreOption, store_app, store_url
 
 # One torch thread per process: measured 3-25x faster than two on these small models under load. Set
@@ -26,7 +31,10 @@ if TYPE_CHECKING:
     from probepo.pipeline import ProgressFn
 
 app = typer.Typer(
-    help="ProbePO: RL training job suite for LLM reasoning on shared GPU clusters.", no_args_is_help=True
+    help="ProbePO: RL training job suite for LLM reasoning on shared GPU clusters.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
 )
 app.add_typer(store_app, name="store")
 
@@ -34,7 +42,16 @@ TensorboardOption = Annotated[
     Path | None,
     typer.Option("--tensorboard", help="Write TensorBoard events here (default: out/tensorboard/RUN_ID)."),
 ]
-QuietOption = Annotated[bool, typer.Option("--quiet", help="No per-stage lines.")]
+QuietOption = Annotated[bool, typer.Option("--quiet", metavar="", help="No per-stage lines.")]
+TakeOverOption = Annotated[
+    bool,
+    typer.Option(
+        "--take-over",
+        metavar="",
+        help="Take the run's lease from the driver holding it. Only once that driver is known dead (a dead"
+        " process of this host is taken over without it): a live one would lose the run at its next renewal.",
+    ),
+]
 
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
@@ -49,105 +66,179 @@ def _parse_sets(pairs: list[str]) -> dict[str, Any]:
     overrides = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
-        if not sep or not key:
+        if not sep or not key.strip():
             raise _fail(f"--set {pair!r}: expected FIELD=VALUE, e.g. --set algo.kappa=0")
-        overrides[key.strip()] = yaml.safe_load(value)
+        try:
+            overrides[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            overrides[key.strip()] = value  # not YAML: the field's validation says what it takes
     return overrides
 
 
-def _progress_printer(quiet: bool) -> ProgressFn | None:
-    if quiet:
-        return None
-    started = time.perf_counter()
+class _Progress:
+    """Prints a line per stage run, and one line for the committed stages a resume skips."""
 
-    def show(update: int, stage: str, summary: dict[str, Any]) -> None:
-        shown = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items() if k != "history"}
-        typer.echo(f"[{time.perf_counter() - started:7.1f}s] update {update:4d} {stage:<9} {shown}")
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.started = time.perf_counter()
+        self.skipped: list[int] = []
 
-    return show
+    def __call__(self, update: int, stage: str, summary: dict[str, Any], ran: bool) -> None:
+        if not ran:
+            self.skipped.append(update)
+            return
+        self.flush()
+        if not self.quiet:
+            shown = {
+                k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items() if k != "history"
+            }
+            typer.echo(f"[{time.perf_counter() - self.started:7.1f}s] update {update:4d} {stage:<9} {shown}")
+
+    def flush(self) -> None:
+        if self.skipped and not self.quiet:
+            first, last = self.skipped[0], self.skipped[-1]
+            where = f"update {first}" if first == last else f"updates {first}-{last}"
+            typer.echo(f"skipped {len(self.skipped)} committed stage(s) of {where}")
+        self.skipped.clear()
 
 
-def _train(config: RunConfig, run_id: str, store: str | None, tensorboard: Path | None, quiet: bool) -> None:
-    from probepo.pipeline import resume_point  # torch loads here, not for --help
-    from probepo.pipeline import train as run_training
+def _train(
+    config: RunConfig,
+    run_id: str,
+    *,
+    store: str | None,
+    tensorboard: Path | None,
+    quiet: bool,
+    take_over: bool,
+    command: str,
+) -> None:
+    """Run the driver and turn every failure into one line; `command` is how the user resumes (advice)."""
+    from probepo.pipeline import train as run_training  # torch loads here, not for --help
 
+    events = tensorboard or Path("out") / "tensorboard" / run_id
+    progress: ProgressFn = _Progress(quiet)
     try:
         opened = open_store(store or os.environ.get("PROBEPO_STORE") or config.store)
-        start = resume_point(opened, run_id, config)
-        if start.done:
-            typer.echo(f"run {run_id} is complete in {opened.url}")
-        elif opened.updates(run_id):  # the run has commits: say where it picks up
-            partial = f", partial progress {', '.join(start.partials)}" if start.partials else ""
-            typer.echo(f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial}")
         metrics = run_training(
             config,
             run_id,
             store=opened,
-            progress=_progress_printer(quiet),
-            tensorboard_dir=tensorboard or Path("out") / "tensorboard" / run_id,
+            progress=progress,
+            say=typer.echo,
+            tensorboard_dir=events,
+            take_over=take_over,
         )
+    except LeaseHeld as exc:
+        raise _fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
     except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
     except Preempted as exc:
         typer.echo(f"preempted: {exc}; resume with `probepo resume {run_id}`", err=True)
         raise typer.Exit(PREEMPTED_EXIT) from None
+    progress.flush()
     evals = [m for m in metrics if "evaluate/accuracy" in m]
     if evals:
         first, last = evals[0]["evaluate/accuracy"], evals[-1]["evaluate/accuracy"]
         typer.echo(
             f"run {run_id}: eval accuracy {100 * first:.1f}% -> {100 * last:.1f}% ({len(evals)} evaluations)"
         )
+    typer.echo(f"store: {opened.url}; TensorBoard events: {events}; compare runs: probepo report {run_id}")
 
 
 @app.command()
 def train(
     config: Annotated[
-        Path, typer.Argument(help="A YAML preset of RunConfig fields, e.g. configs/cpu-demo.yaml.")
+        Path,
+        typer.Argument(
+            metavar="CONFIG", help="A YAML preset of RunConfig fields, e.g. configs/cpu-demo.yaml."
+        ),
     ],
     run_id: Annotated[str, typer.Option("--run-id", help="Run id; the same id again resumes the run.")],
     algo: Annotated[
         str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo.")
     ] = None,
     updates: Annotated[int | None, typer.Option("--updates", help="Override num_updates.")] = None,
-    sets: Annotated[list[str], typer.Option("--set", help="Override any field: --set algo.kappa=0.")] = [],  # noqa: B006
+    sets: Annotated[
+        list[str],
+        typer.Option(
+            "--set", metavar="FIELD=VALUE", help="Override any field, e.g. --set algo.kappa=0 (repeatable)."
+        ),
+    ] = [],  # noqa: B006
     store: StoreOption = None,
     tensorboard: TensorboardOption = None,
     quiet: QuietOption = False,
+    take_over: TakeOverOption = False,
 ) -> None:
     """Train (or resume) a run from a preset: every stage of every update is committed to the store."""
     overrides = _parse_sets(sets)
-    if algo is not None:
-        overrides["algo.algorithm"] = algo
-    if updates is not None:
-        overrides["num_updates"] = updates
+    blame = {key: f"--set {key}" for key in overrides}
+    for field, option, value in (("algo.algorithm", "--algo", algo), ("num_updates", "--updates", updates)):
+        if value is None:
+            continue
+        if field in overrides and overrides[field] != value:
+            typer.echo(f"note: {option} {value} wins over --set {field}={overrides[field]}", err=True)
+        overrides[field], blame[field] = value, option
     try:
-        run_config = load_run_config(config, **overrides)
-    except (OSError, ValueError) as exc:
+        run_config = load_run_config(config, overrides, blame=blame)
+    except ConfigError as exc:
         raise _fail(str(exc)) from None
-    _train(run_config, run_id, store, tensorboard, quiet)
+    command = f"probepo train {config} --run-id {run_id}"
+    _train(
+        run_config,
+        run_id,
+        store=store,
+        tensorboard=tensorboard,
+        quiet=quiet,
+        take_over=take_over,
+        command=command,
+    )
 
 
 @app.command()
 def resume(
-    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run to continue.")],
+    updates: Annotated[
+        int | None,
+        typer.Option(
+            "--updates",
+            help="Extend the run to this many updates (more than it has; recorded in the store). Nothing"
+            " else of its recipe changes, and its first updates stay as they were.",
+        ),
+    ] = None,
     store: StoreOption = None,
     tensorboard: TensorboardOption = None,
     quiet: QuietOption = False,
+    take_over: TakeOverOption = False,
 ) -> None:
-    """Continue a run from what the store holds (its frozen config): committed stages are skipped."""
+    """Continue a run from what the store holds (its frozen recipe): committed stages are skipped."""
+    from probepo.pipeline import extend_run, recorded_updates
+
     try:
-        record = open_store(store_url(store)).read_run(run_id)
-    except StoreError as exc:
+        opened = open_store(store_url(store))
+        record = opened.read_run(run_id)
+        made_by = record.get("code_version", "an unknown version")
+        try:
+            config = validate_run_config(record["config"], f"run {run_id}: its stored recipe")
+        except ConfigError as exc:
+            raise _fail(
+                f"{exc}\nthis probepo ({__version__}) cannot resume a recipe made by probepo {made_by}:"
+                " resume it with that version, or start a new run id from a preset"
+            ) from None
+        if updates is not None and updates != recorded_updates(opened, run_id):
+            extension = extend_run(opened, run_id, updates)
+            typer.echo(f"run {run_id}: extended from {extension['from']} to {extension['to']} updates")
+        config = with_overrides(config, num_updates=recorded_updates(opened, run_id))
+    except (StoreError, ValueError) as exc:
         raise _fail(str(exc)) from None
-    made_by = record.get("code_version", "an unknown version")
-    try:
-        config = validate_run_config(record["config"], f"run {run_id}: its stored recipe")
-    except ConfigError as exc:
-        raise _fail(
-            f"{exc}\nthis probepo ({__version__}) cannot resume a recipe made by probepo {made_by}: resume it"
-            " with that version, or start a new run id from a preset"
-        ) from None
-    _train(config, run_id, store, tensorboard, quiet)
+    _train(
+        config,
+        run_id,
+        store=opened.url,
+        tensorboard=tensorboard,
+        quiet=quiet,
+        take_over=take_over,
+        command=f"probepo resume {run_id}",
+    )
 
 
 @app.command()
@@ -163,9 +254,10 @@ def demo(
     """The CPU testbed end to end: warm-up (or reuse), then GRPO and ProbePO side by side, then a report."""
     from probepo.demo import run_demo
 
+    store = store or os.environ.get("PROBEPO_STORE")
+    overrides: dict[str, Any] = {"seed": seed, **({"store": store} if store else {})}
     try:
-        store = store or os.environ.get("PROBEPO_STORE")
-        run_config = load_run_config(config, seed=seed, **({"store": store} if store else {}))
+        run_config = load_run_config(config, overrides, blame={"seed": "--seed", "store": "--store"})
         report = run_demo(run_config, config, outdir)
     except (OSError, ValueError, StoreError, RuntimeError) as exc:
         raise _fail(str(exc)) from None
@@ -174,7 +266,7 @@ def demo(
 
 @app.command()
 def report(
-    run_ids: Annotated[list[str], typer.Argument(help="One or several run ids.")],
+    run_ids: Annotated[list[str], typer.Argument(metavar="RUN...", help="One or several run ids.")],
     outdir: Annotated[Path, typer.Option("--out", help="Where report.md and curves.png go.")] = Path(
         "out/report"
     ),

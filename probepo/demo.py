@@ -108,22 +108,31 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
     table = Table(
         title=f"Held-out accuracy (Mean@{config.eval.samples_per_problem}, {config.eval.problems} problems)"
     )
-    for column in ("arm", "start", "end", "gain (points)", "sampled tokens", "wall (s)"):
+    for column in ("arm", "start", "end", "gain ± s.e. (points)", "sampled tokens", "wall (s)"):
         table.add_column(column)
+    verdicts = []
     for algorithm, run_id in zip(ARMS, run_ids, strict=True):
         c = load_curves(store, run_id)
         table.add_row(
             algorithm,
             f"{100 * c.accuracy[0]:.1f}%",
             f"{100 * c.accuracy[-1]:.1f}%",
-            f"{c.gain_points:+.1f}",
+            f"{c.gain_points:+.1f} ± {c.gain_stderr_points:.1f}",
             f"{c.sampled_tokens[-1]:,.0f}",
             f"{c.wall_s[-1]:.0f}",
         )
+        verdicts.append(
+            f"{algorithm}: {c.gain_points:+.1f} points is within noise (less than two standard errors from"
+            " zero): this run does not show that it learned"
+            if c.gain_within_noise
+            else f"{algorithm}: {c.gain_points:+.1f} points, more than two standard errors from zero"
+        )
     console.print(table)
+    for verdict in verdicts:
+        console.print(verdict)
     console.print(
-        "One seed: this shows that both arms learn and what probing costs, not which method is better"
-        " (that takes several seeds and confidence intervals)."
+        "One seed, one evaluation set: this shows what each arm did here and what probing costs, not which"
+        " method is better (bench/science.py: many seeds, paired intervals)."
     )
     console.print(f"demo wall time {time.perf_counter() - started:.0f} s; plot {outdir / 'curves.png'}")
     return report

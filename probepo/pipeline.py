@@ -22,7 +22,8 @@ from typing import Any
 from probepo import __version__
 from probepo.config import RunConfig
 from probepo.preemption import Preempted, StopFlag
-from probepo.stages import STAGES, stages_for_update, warmup
+from probepo.schedule import stages_for_update
+from probepo.stages import STAGES, warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
     AlreadyCommitted,
@@ -31,7 +32,9 @@ from probepo.store import (
     LeaseLost,
     Ledger,
     ResumePoint,
+    RunConfigMismatch,
     StoreError,
+    acquire_lease,
     open_store,
 )
 from probepo.store.lease import take_lease as store_take_lease
@@ -39,8 +42,11 @@ from probepo.store.lease import take_lease as store_take_lease
 LEASE_TTL_S = 600.0
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, str, dict[str, Any]], None]
-"""Called after each stage with (update, stage, summary): the CLI draws progress bars with it."""
+ProgressFn = Callable[[int, str, dict[str, Any], bool], None]
+"""Called after each stage with (update, stage, summary, ran): `ran` is False for a stage that was already
+committed (skipped on resume). The CLI prints progress with it."""
+SayFn = Callable[[str], None]
+"""Called with a line for the user: where the store, warm-up and events are, where a run starts."""
 
 
 def _now() -> str:
@@ -48,13 +54,15 @@ def _now() -> str:
 
 
 def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run one stage unless the ledger already holds it; returns its committed summary.
+    """Run one stage unless the ledger already holds it; returns its committed summary (and tells
+    `progress` whether it ran or was skipped).
 
     Each attempt leaves a record in the store: written as "running" before the stage starts (so an
     attempt killed outright is still visible) and replaced with its outcome when it ends.
     """
     store, run_id, update = ctx.store, ctx.run_id, ctx.update
     marker = store.marker(run_id, update, stage)
+    ran = marker is None
     if marker is None:
         record: dict[str, Any] = {
             "job_id": os.environ.get("SLURM_JOB_ID"),
@@ -86,7 +94,7 @@ def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None)
             )
     summary = dict(marker.get("summary") or {})
     if progress is not None:
-        progress(update, stage, summary)
+        progress(update, stage, summary, ran)
     return summary
 
 
@@ -105,45 +113,148 @@ def train(
     *,
     store: ArtifactStore | None = None,
     progress: ProgressFn | None = None,
+    say: SayFn | None = None,
     tensorboard_dir: Path | None = None,
+    take_over: bool = False,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics, one record per update.
+    """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records.
 
     A run's recipe is frozen in the store on its first start: resuming with another `config` raises
-    RunConfigMismatch naming the differing fields (a resume never silently changes a recipe).
+    RunConfigMismatch naming the differing fields (a resume never silently changes a recipe; more updates
+    go through `extend_run`). `take_over` takes the run's lease even from a live holder (an operator's
+    decision, after checking that it is dead). `say` hears where things are and where the run starts,
+    once the recipe and the lease are settled.
     """
     store = store or open_store(config.store)
-    store.create_run(run_id, run_record(config))
-    ensure_warmup(config, store, progress)
-    logged = {int(m["update"]) for m in store.read_metrics(run_id)}
-    writer = _tensorboard(tensorboard_dir)
+    tell = say or (lambda line: None)
+    freeze_recipe(store, run_id, config)
+    warm = ensure_warmup(config, store, progress, say=tell)
+    tell(f"store: {store.url}")
     flag = StopFlag()
     with (
         flag.installed(),
-        LeaseKeeper(take_lease(store, run_id)) as lease,
+        LeaseKeeper(take_lease(store, run_id, force=take_over)) as lease,
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
+        _Metrics(store, run_id, tensorboard_dir) as metrics,
     ):
-        for update in range(config.num_updates + 1):
+        start = resume_point(store, run_id, config)
+        tell(_start_line(store, run_id, start, warm, config))
+        if tensorboard_dir is not None and not start.done:
+            tell(f"TensorBoard events: {tensorboard_dir}  (tensorboard --logdir {tensorboard_dir.parent})")
+        # Updates before the resume point are committed whole; log any that a crash left out of metrics.
+        first = config.num_updates + 1 if start.done else start.update
+        for update in range(first):
+            if metrics.missing(update):
+                ctx = StageContext(store, run_id, update, config, Path(scratch))
+                metrics.log(update, {s: run_stage(ctx, s) for s in _update_stages(config, update)})
+        for update in range(first, config.num_updates + 1):
             ctx = StageContext(store, run_id, update, config, Path(scratch), should_stop=flag)
-            record: dict[str, Any] = {"update": update}
-            for stage in stages_for_update(config, update):
-                summary = run_stage(ctx, stage, progress)
-                record.update({f"{stage}/{key}": value for key, value in summary.items()})
+            summaries = {}
+            for stage in _update_stages(config, update):
+                summaries[stage] = run_stage(ctx, stage, progress)
                 lease.check()
-            if update not in logged:
-                store.append_metrics(run_id, record)
-                if writer is not None:
-                    for key, value in record.items():
-                        if isinstance(value, int | float) and key != "update":
-                            writer.add_scalar(key, value, update)
-                    writer.flush()
+            metrics.log(update, summaries)
     return store.read_metrics(run_id)
+
+
+def _update_stages(config: RunConfig, update: int) -> list[str]:
+    return stages_for_update(update, num_updates=config.num_updates, eval_every=config.eval.every)
+
+
+def _start_line(store: ArtifactStore, run_id: str, start: ResumePoint, warm: str, config: RunConfig) -> str:
+    if start.done:
+        return f"run {run_id} is complete ({config.num_updates} updates)"
+    if not store.updates(run_id):
+        return f"starting run {run_id}: {config.num_updates} updates from warm-up {warm}"
+    partial_note = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
+    return f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial_note}"
+
+
+class _Metrics:
+    """metrics.jsonl (and TensorBoard) records, one per update and stage set: a stage's summary is logged
+    once, whenever it is first seen committed (a resumed update logs only what it had not logged; an
+    extended run's last update logs its new training stages). The TensorBoard writer opens only when
+    there is something to write, so a no-op resume leaves no empty event file."""
+
+    def __init__(self, store: ArtifactStore, run_id: str, tensorboard_dir: Path | None) -> None:
+        self.store, self.run_id, self.tensorboard_dir = store, run_id, tensorboard_dir
+        self.logged: dict[int, set[str]] = {}
+        for record in store.read_metrics(run_id):
+            stages = {key.split("/", 1)[0] for key in record if "/" in key}
+            self.logged.setdefault(int(record["update"]), set()).update(stages)
+        self.writer = None
+
+    def missing(self, update: int) -> bool:
+        return update not in self.logged
+
+    def log(self, update: int, summaries: dict[str, dict[str, Any]]) -> None:
+        done = self.logged.setdefault(update, set())
+        record: dict[str, Any] = {"update": update}
+        for stage, summary in summaries.items():
+            if stage not in done:
+                record.update({f"{stage}/{key}": value for key, value in summary.items()})
+                done.add(stage)
+        if len(record) == 1:
+            return
+        self.store.append_metrics(self.run_id, record)
+        if self.tensorboard_dir is not None:
+            if self.writer is None:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.writer = SummaryWriter(str(self.tensorboard_dir))
+            for key, value in record.items():
+                if isinstance(value, int | float) and key != "update":
+                    self.writer.add_scalar(key, value, update)
+            self.writer.flush()
+
+    def __enter__(self) -> _Metrics:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.writer is not None:
+            self.writer.close()
+
+
+def recorded_updates(store: ArtifactStore, run_id: str) -> int:
+    """How many updates a run is to train: its frozen recipe's, raised by its recorded extensions."""
+    frozen = int(store.read_run(run_id)["config"]["num_updates"])
+    return max([frozen, *(int(e["to"]) for e in store.extensions(run_id))])
+
+
+def freeze_recipe(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
+    """Freeze the recipe on a run's first start; later, require the same one. Only `num_updates` may
+    differ from the frozen recipe, and only to the count of the run's latest recorded extension."""
+    try:
+        store.create_run(run_id, run_record(config))
+    except RunConfigMismatch as exc:
+        if exc.keys != ["config.num_updates"]:
+            raise
+        current = recorded_updates(store, run_id)
+        if config.num_updates != current:
+            raise RunConfigMismatch(
+                run_id,
+                exc.keys,
+                advice=f"it trains {current} updates, this config {config.num_updates}; to train it further,"
+                f" extend it: `probepo resume {run_id} --updates N` (N > {current})",
+            ) from None
+
+
+def extend_run(store: ArtifactStore, run_id: str, updates: int) -> dict[str, Any]:
+    """Raise a run's number of updates to `updates` (more than it has): recorded create-only in the store
+    (when, from how many, to how many); nothing else of the recipe changes, and its first updates stay
+    bitwise what they were (prompts and seeds derive from (seed, update), never from the horizon)."""
+    current = recorded_updates(store, run_id)
+    if updates <= current:
+        raise ValueError(
+            f"--updates {updates}: run {run_id} already trains {current} updates; a run can only be"
+            f" extended (N > {current}), never shortened"
+        )
+    return store.extend_run(run_id, from_updates=current, to_updates=updates)
 
 
 def resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> ResumePoint:
     """The first stage the driver would run, with the partial progress committed inside it."""
-    order = partial(stages_for_update, config)
-    return Ledger(store, run_id).resume_point(order, config.num_updates + 1)
+    return Ledger(store, run_id).resume_point(partial(_update_stages, config), config.num_updates + 1)
 
 
 def driver_id() -> str:
@@ -187,28 +298,36 @@ class LeaseKeeper:
         self.lease.release()
 
 
-def take_lease(store: ArtifactStore, run_id: str) -> Lease:
-    """The run's lease for this driver; a lease left by a dead process of this host is taken over."""
+def take_lease(store: ArtifactStore, run_id: str, *, force: bool = False) -> Lease:
+    """The run's lease for this driver; a lease left by a dead process of this host is taken over, and
+    with `force` any lease (the holder must be known dead: a live one loses it at its next renewal)."""
+    if force:
+        return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S, force=True)
     return store_take_lease(store, run_id, driver_id(), LEASE_TTL_S)
 
 
-def ensure_warmup(config: RunConfig, store: ArtifactStore, progress: ProgressFn | None = None) -> str:
+def ensure_warmup(
+    config: RunConfig, store: ArtifactStore, progress: ProgressFn | None = None, say: SayFn | None = None
+) -> str:
     """Run the warm-up unless its checkpoint is already committed; returns the warm-up run's id."""
     run_id = warmup.warmup_run_id(config)
+    tell = say or (lambda line: None)
     if store.committed(run_id, 0, warmup.STAGE):
+        summary = store.marker(run_id, 0, warmup.STAGE)["summary"]
+        accuracy, steps = 100 * summary["accuracy"], summary["steps"]
+        tell(f"warm-up: {run_id} (reused: accuracy {accuracy:.1f}% after {steps} steps)")
         return run_id
+    tell(
+        f"warm-up: making {run_id}, the supervised starting checkpoint shared by every run with these task,"
+        " model, sampling and warm-up settings (once; about 20-60 s on a CPU core)"
+    )
     store.create_run(run_id, run_record(config, parts=warmup.KEY_FIELDS))
     with (
         LeaseKeeper(take_lease(store, run_id)),
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
-        run_stage(StageContext(store, run_id, 0, config, Path(scratch)), warmup.STAGE, progress)
+        summary = run_stage(StageContext(store, run_id, 0, config, Path(scratch)), warmup.STAGE, progress)
+    tell(
+        f"warm-up: {run_id} ready (accuracy {100 * summary['accuracy']:.1f}% after {summary['steps']} steps)"
+    )
     return run_id
-
-
-def _tensorboard(logdir: Path | None):
-    if logdir is None:
-        return None
-    from torch.utils.tensorboard import SummaryWriter
-
-    return SummaryWriter(str(logdir))

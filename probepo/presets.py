@@ -71,22 +71,24 @@ def _allowed(info: FieldInfo) -> str:
     return " ".join([kind, *bounds])
 
 
-def _problem(error: Mapping[str, Any]) -> str:
-    """One error's text: what was wrong and what is allowed, or the nearest field for a typo."""
+def _problem(error: Mapping[str, Any], named: bool) -> str:
+    """One error's text: what was wrong and what is allowed, or the nearest field for a typo. `named`: the
+    source already names the field (an option such as `--set algo.kappa`), so the text does not repeat it."""
     loc = tuple(error["loc"])
     dotted = ".".join(map(str, loc)) or "<config>"
+    field = "" if named else f"{dotted}: "
     message = str(error["msg"]).removeprefix("Value error, ")
     model, info = _field_at(loc)
     if error["type"] == "extra_forbidden":
         parent = ".".join(map(str, loc[:-1]))
         near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields) if model else [], n=1)
-        hint = f"; did you mean {'.'.join(filter(None, [parent, near[0]]))}?" if near else ""
+        if near:
+            return f"{field}no such field; did you mean {'.'.join(filter(None, [parent, near[0]]))}?"
         fields = ", ".join(model.model_fields) if model else ""
-        return f"{dotted}: no such field{hint} (fields{' of ' + parent if parent else ''}: {fields})"
+        return f"{field}no such field (the fields{' of ' + parent if parent else ''}: {fields})"
     if error["type"] == "value_error" or info is None:  # a rule across fields: its message says it all
         return f"{dotted}: {message}"
-    got = error.get("input")
-    return f"{dotted} = {got!r}: {message}; allowed: {_allowed(info)}"
+    return f"{field}{error.get('input')!r} is refused: {message}; allowed: {_allowed(info)}"
 
 
 def explain(exc: ValidationError, source: str, blame: Mapping[str, str] | None = None) -> ConfigError:
@@ -97,10 +99,14 @@ def explain(exc: ValidationError, source: str, blame: Mapping[str, str] | None =
     for error in exc.errors():
         dotted = ".".join(map(str, error["loc"]))
         owner = next(
-            (option for field, option in blame.items() if dotted == field or dotted.startswith(field + ".")),
-            source,
+            (
+                (field, option)
+                for field, option in blame.items()
+                if dotted in (field,) or dotted.startswith(field + ".")
+            ),
+            (None, source),
         )
-        lines.append(f"{owner}: {_problem(error)}")
+        lines.append(f"{owner[1]}: {_problem(error, named=owner[0] == dotted)}")
     return ConfigError("\n".join(lines))
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from probepo.stages import TRAINING_STAGES
+from probepo.schedule import EVAL_RESULTS, EVALUATE, TRAINING_STAGES
+from probepo.stats import mean_and_stderr
 from probepo.store import ArtifactStore
+from probepo.store.formats import table_from_parquet
 
 ACCURACY = "evaluate/accuracy"
 STDERR = "evaluate/stderr"
@@ -33,11 +35,21 @@ class RunCurves:
     """Cumulative generated tokens (backbone and probes) after each training update."""
     wall_s: list[float]
     """Cumulative wall time of the training stages (evaluations excluded) after each training update."""
+    gain_stderr_points: float = math.nan
+    """Standard error of `gain_points`, over the evaluation problems paired (each problem's correctness
+    at the last evaluation minus at the first): how far the gain stands from the evaluation's noise."""
+    extensions: list[dict] = field(default_factory=list)
+    """The run's recorded extensions (from, to, at): a run trained further than its frozen recipe."""
 
     @property
     def gain_points(self) -> float:
         """Accuracy points gained from the first to the last evaluation."""
         return 100.0 * (self.accuracy[-1] - self.accuracy[0]) if len(self.accuracy) > 1 else math.nan
+
+    @property
+    def gain_within_noise(self) -> bool:
+        """The gain is less than two standard errors from zero (or has no standard error)."""
+        return not abs(self.gain_points) >= 2 * self.gain_stderr_points
 
     def _at_evals(self, cumulative: list[float]) -> list[float]:
         # Policy u is evaluated before update u trains: it has cost the updates 0..u-1.
@@ -75,6 +87,8 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
     return RunCurves(
         run_id=run_id,
         algorithm=algorithm,
+        gain_stderr_points=_gain_stderr(store, run_id, [m["update"] for m in evals]),
+        extensions=store.extensions(run_id),
         eval_updates=[m["update"] for m in evals],
         accuracy=[m[ACCURACY] for m in evals],
         stderr=[m.get(STDERR, 0.0) for m in evals],
@@ -83,6 +97,19 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
         sampled_tokens=tokens,
         wall_s=wall,
     )
+
+
+def _gain_stderr(store: ArtifactStore, run_id: str, evaluated: list[int]) -> float:
+    """Standard error (points) of last − first evaluation accuracy, per problem paired; NaN with fewer
+    than two evaluations."""
+    if len(evaluated) < 2:
+        return math.nan
+    first, last = (
+        table_from_parquet(store.read_stage(run_id, update, EVALUATE)[EVAL_RESULTS])["correct"]
+        for update in (evaluated[0], evaluated[-1])
+    )
+    differences = [float(b) - float(a) for a, b in zip(first, last, strict=True)]
+    return 100.0 * mean_and_stderr(differences)[1]
 
 
 def plot(curves: Sequence[RunCurves], path: Path) -> Path:
@@ -126,7 +153,7 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
         "algorithm",
         *[f"acc@{u}" for u in updates],
         "greedy (last)",
-        "gain (points)",
+        "gain ± s.e. (points)",
         "sampled tokens",
         "training wall (s)",
     ]
@@ -141,15 +168,23 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
             c.algorithm,
             *[by_update.get(u, "–") for u in updates],
             f"{100 * c.greedy[-1]:.1f}" if c.greedy else "–",
-            f"{c.gain_points:+.1f}",
+            f"{c.gain_points:+.1f} ± {c.gain_stderr_points:.1f}"
+            + (" (within noise)" if c.gain_within_noise else ""),
             f"{c.sampled_tokens[-1]:,.0f}" if c.sampled_tokens else "–",
             f"{c.wall_s[-1]:.0f}" if c.wall_s else "–",
         ]
         rows.append("| " + " | ".join(cells) + " |")
+    notes = [
+        f"- {c.run_id} was extended from {e['from']} to {e['to']} updates at {e['at'][:19]}Z."
+        for c in curves
+        for e in c.extensions
+    ]
     text = (
         "\n".join(rows)
         + "\n\nAccuracy: Mean@k at the evaluation temperature on the fixed evaluation set, ± one standard"
-        " error over problems. Training wall time excludes evaluations.\n"
+        " error over problems. Gain: last minus first evaluation, its standard error over the problems"
+        " paired; within noise means less than two standard errors from zero. Training wall time excludes"
+        " evaluations.\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
     )
     if plot_name:
         text += f"\n![curves]({plot_name})\n"

@@ -1,9 +1,11 @@
-"""Suite-wide settings (one torch thread per process: measured faster than 2 under load) and the real S3
-endpoint that store and pipeline tests share: a moto server in its own process, started on first use."""
+"""Suite-wide settings (one torch thread per process: measured faster than 2 under load), the real S3
+endpoint that store and pipeline tests share (a moto server in its own process, started on first use),
+and stores holding the tiny recipe's warm-up, made once per session."""
 
 import os
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -15,6 +17,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch reads it
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import torch
+
+from probepo.pipeline import ensure_warmup
+from probepo.store import ArtifactStore, open_store
+from tests.pipeline.conftest import tiny_config
 
 torch.set_num_threads(1)
 
@@ -54,3 +60,22 @@ def s3_bucket(s3_admin) -> str:
     name = f"test-{uuid.uuid4().hex[:16]}"
     s3_admin.create_bucket(Bucket=name)
     return name
+
+
+@pytest.fixture(scope="session")
+def warm_store(tmp_path_factory: pytest.TempPathFactory) -> ArtifactStore:
+    """A local store holding the tiny recipe's warm-up checkpoint (made once per session)."""
+    folder: Path = tmp_path_factory.mktemp("store")
+    store = open_store(folder)
+    ensure_warmup(tiny_config(), store)
+    return store
+
+
+@pytest.fixture(scope="session")
+def s3_warm_store(s3_admin) -> ArtifactStore:
+    """A store on the S3 endpoint holding the tiny recipe's warm-up checkpoint (made once per session)."""
+    bucket = f"warm-{uuid.uuid4().hex[:12]}"
+    s3_admin.create_bucket(Bucket=bucket)
+    store = open_store(f"s3://{bucket}/team/runs")
+    ensure_warmup(tiny_config(), store)
+    return store

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from probepo.config import EvalConfig
 from probepo.data import Problem, Task
+from probepo.schedule import EVAL_RESULTS, EVALUATE
 from probepo.stages.common import generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
-STAGE = "evaluate"
-RESULTS = "eval.parquet"
+STAGE = EVALUATE
+RESULTS = EVAL_RESULTS
 
 
 def _samples_per_problem(settings: EvalConfig, temperature: float) -> int:

@@ -14,21 +14,26 @@ from typing import Annotated
 
 import typer
 
-from probepo.store import ArtifactStore, Ledger, StoreError, open_store
+from probepo.store import ArtifactStore, LeaseHeld, Ledger, StoreError, open_store
+from probepo.store.lease import take_lease
 from probepo.store.store import DEFAULT_GC_MIN_AGE_S
 
 DEFAULT_STORE_URL = "./store"
 GC_LEASE_TTL_S = 600.0
 
 store_app = typer.Typer(
-    help="Inspect, verify and garbage-collect runs in the artifact store.", no_args_is_help=True
+    help="Inspect, verify and garbage-collect runs in the artifact store.",
+    no_args_is_help=True,
+    rich_markup_mode=None,
+    pretty_exceptions_enable=False,
 )
 
 StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
-        help=f"Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE or {DEFAULT_STORE_URL}.",
+        help="Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE, else the preset's `store`"
+        f" (train, demo), else {DEFAULT_STORE_URL}.",
     ),
 ]
 
@@ -48,6 +53,13 @@ def _store(explicit: str | None) -> Iterator[ArtifactStore]:
         raise typer.Exit(2) from None
 
 
+def _age(seconds: float) -> str:
+    """A duration as people say it: 6.0 h, 15 min, 30 s."""
+    if seconds >= 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
 def _size(count: float) -> str:
     for unit in ("B", "KiB", "MiB"):
         if count < 1024:
@@ -64,8 +76,11 @@ def ls(
     """Show what a run has committed: stages per update, latest checkpoint, lease, attempts."""
     with _store(store) as opened:
         if run is None:
-            for name in opened.runs():
+            names = opened.runs()
+            for name in names:
                 typer.echo(name)
+            if not names:
+                typer.echo(f"store {opened.url} holds no runs")
             return
         typer.echo(Ledger(opened, run).summary())
 
@@ -91,7 +106,9 @@ def invalidate(
     update: Annotated[int, typer.Argument(help="Update number.")],
     stage: Annotated[str, typer.Argument(help="Stage name, e.g. probe or checkpoint.")],
     store: StoreOption = None,
-    force: Annotated[bool, typer.Option("--force", help="Also a stage whose files all check out.")] = False,
+    force: Annotated[
+        bool, typer.Option("--force", metavar="", help="Also a stage whose files all check out.")
+    ] = False,
 ) -> None:
     """Set a corrupt stage aside (its marker goes to quarantine, nothing is deleted) so that resuming the
     run computes it again. Refuses a healthy stage unless --force."""
@@ -108,11 +125,25 @@ def invalidate(
 def gc(
     run: Annotated[str, typer.Argument(help="Run id.")],
     store: StoreOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="List what would be removed.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", metavar="", help="List what would be removed.")
+    ] = False,
     min_age: Annotated[
-        float, typer.Option("--min-age", help="Keep orphaned attempts younger than this many seconds.")
+        float,
+        typer.Option(
+            "--min-age",
+            help="Keep orphaned attempts younger than this many seconds (default 6 h: a writer"
+            " may still be uploading them).",
+        ),
     ] = DEFAULT_GC_MIN_AGE_S,
-    force: Annotated[bool, typer.Option("--force", help="Take the run's lease even if held.")] = False,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            metavar="",
+            help="Take the run's lease even from a live holder (check it is dead first).",
+        ),
+    ] = False,
 ) -> None:
     """Remove attempt folders that no commit marker names (lost races, killed writers).
 
@@ -124,12 +155,22 @@ def gc(
             report = opened.gc(run, min_age_s=min_age, dry_run=True)
         else:
             holder = f"probepo-store-gc@{socket.gethostname()}:{os.getpid()}"
-            with opened.acquire_lease(run, holder, GC_LEASE_TTL_S, force=force):
+            try:
+                lease = (
+                    opened.acquire_lease(run, holder, GC_LEASE_TTL_S, force=True)
+                    if force
+                    else take_lease(opened, run, holder, GC_LEASE_TTL_S)
+                )
+            except LeaseHeld as exc:
+                raise StoreError(f"{exc}; if that driver is dead, rerun with --force") from None
+            with lease:
                 report = opened.gc(run, min_age_s=min_age)
         verb = "would remove" if dry_run else "removed"
         for folder in report.removed:
             typer.echo(f"{verb} {folder}")
-        typer.echo(
-            f"{verb} {len(report.removed)} orphaned attempt(s), {_size(report.bytes)}; "
-            f"kept {len(report.kept_young)} younger than {min_age:.0f} s"
+        kept = (
+            f"; kept {len(report.kept_young)} younger than {_age(min_age)} (--min-age)"
+            if report.kept_young
+            else ""
         )
+        typer.echo(f"{verb} {len(report.removed)} orphaned attempt(s), {_size(report.bytes)}{kept}")

@@ -61,8 +61,8 @@ class LeaseHeld(StoreError):
         self.run_id, self.lease = run_id, lease
         super().__init__(
             f"run {run_id!r} is leased to {lease.get('holder')!r} on host {lease.get('host')!r} "
-            f"(pid {lease.get('pid')}) until {lease.get('expires_at')}; wait for it to finish or expire, or "
-            "use --force (force=True) after checking that the holder is dead"
+            f"(pid {lease.get('pid')}) until {lease.get('expires_at')}: another driver is working on it; "
+            "wait for it to finish or for the lease to expire"
         )
 
 
@@ -81,11 +81,12 @@ class RunNotFound(StoreError):
 class RunConfigMismatch(StoreError):
     """run.json already exists with a different content."""
 
-    def __init__(self, run_id: str, keys: list[str]) -> None:
+    def __init__(self, run_id: str, keys: list[str], advice: str | None = None) -> None:
         self.run_id, self.keys = run_id, keys
         super().__init__(
             f"run {run_id!r} already exists with a different configuration (differing: "
-            f"{', '.join(keys)}); resume it with its frozen config or choose a new run id"
+            f"{', '.join(keys)}); "
+            + (advice or "resume it with its frozen config (`probepo resume RUN`) or choose a new run id")
         )
 
 

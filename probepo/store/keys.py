@@ -94,6 +94,14 @@ class RunLayout:
         return self.root + "metrics.jsonl"
 
     @property
+    def extensions_root(self) -> str:
+        return self.root + "extensions/"
+
+    def extension(self, to_updates: int) -> str:
+        """The record of the extension that raised the run's updates to `to_updates`."""
+        return f"{self.extensions_root}{update(to_updates):06d}.json"
+
+    @property
     def ledger_root(self) -> str:
         return self.root + "ledger/"
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 
+from probepo.schedule import WARMUP, stages_for_update
 from probepo.store.keys import CHECKPOINT_STAGE
-from probepo.store.lease import read_lease
+from probepo.store.lease import holder_is_dead, read_lease
 from probepo.store.store import ArtifactStore
 
 
@@ -55,40 +57,97 @@ class Ledger:
         with_checkpoint = [update for update, stages in self.entries().items() if CHECKPOINT_STAGE in stages]
         return max(with_checkpoint, default=None)
 
+    def stage_order(self) -> tuple[Callable[[int], Sequence[str]], int] | None:
+        """(stages of update k, number of updates + 1) from the run's frozen recipe and its extensions,
+        read as plain JSON (no validation: a recipe this code can no longer load still has a status); a
+        warm-up run is its single stage. None when run.json holds no recipe of this shape."""
+        config = self.store.read_run(self.run_id).get("config")
+        try:
+            if "num_updates" not in config:
+                return (lambda update: [WARMUP]), 1
+            extended = [int(e["to"]) for e in self.store.extensions(self.run_id)]
+            updates = max([int(config["num_updates"]), *extended])
+            every = int(config.get("eval", {}).get("every", 1))
+        except (TypeError, ValueError, KeyError, AttributeError):
+            return None
+        return partial(stages_for_update, num_updates=updates, eval_every=every), updates + 1
+
     def summary(self) -> str:
-        """A human summary: run, lease, latest checkpoint, committed stages per update, attempts."""
+        """A human summary: the recipe, where the run stands (complete, or the exact resume point), its
+        lease, latest checkpoint, committed stages per update (with what is in flight), and attempts
+        (those killed outright marked dead)."""
         run = self.store.read_run(self.run_id)
+        config = run.get("config")
         entries = self.entries()
-        attempts = self.store.attempts(self.run_id)
-        lease = read_lease(self.store, self.run_id)
+        schedule = self.stage_order()
+        start = None if schedule is None else self.resume_point(*schedule)
         lines = [f"run {self.run_id} in {self.store.url}"]
-        if isinstance(run.get("code_version"), str):
-            lines.append(f"  code version: {run['code_version']}")
-        lines.append(
-            "  lease: none"
-            if lease is None
-            else f"  lease: {lease.get('holder')} on {lease.get('host')} until {lease.get('expires_at')}"
-        )
+        recipe = [str(config.get("algo", {}).get("algorithm", "warm-up"))] if isinstance(config, dict) else []
+        if schedule is not None and "num_updates" in config:
+            recipe.append(f"{schedule[1] - 1} updates")
+            recipe += [
+                f"extended from {e['from']} to {e['to']} at {e['at'][:19]}Z"
+                for e in self.store.extensions(self.run_id)
+            ]
+        recipe.append(f"code version {run.get('code_version', 'unknown')}")
+        lines.append(f"  recipe: {', '.join(recipe)}")
+        if start is None:
+            lines.append("  status: unknown (run.json holds no recipe this version can read)")
+        elif start.done:
+            lines.append("  status: complete")
+        else:
+            inside = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
+            lines.append(f"  status: resumes at update {start.update}, stage {start.stage}{inside}")
+        lines.append(f"  lease: {self._lease_line()}")
         latest = self.latest_checkpoint()
         lines.append(f"  latest checkpoint: {'none' if latest is None else f'update {latest}'}")
         lines.append(f"  updates with commits: {len(entries)}")
         for update, stages in entries.items():
-            main = [name for name in stages if "." not in name]
-            partial_count = len(stages) - len(main)
-            extra = f" (+{partial_count} partial)" if partial_count else ""
-            lines.append(f"    {update:6d}: {', '.join(main) or '-'}{extra}")
-        outcomes: dict[str, int] = {}
-        for record in attempts:
-            outcome = str(record.get("outcome", "unknown")).split(":")[0]
-            outcomes[outcome] = outcomes.get(outcome, 0) + 1
-        described = ", ".join(f"{count} {outcome}" for outcome, count in sorted(outcomes.items()))
-        lines.append(f"  attempts: {len(attempts)}" + (f" ({described})" if described else ""))
-        if attempts:
-            last = (
-                attempts[-1] if len(attempts) == 1 else max(attempts, key=lambda r: str(r.get("start", "")))
-            )
-            lines.append(
-                f"  last attempt: update {last.get('update')} stage {last.get('stage')} "
-                f"on {last.get('host')} job {last.get('job_id')} -> {last.get('outcome')}"
-            )
+            whole = [name for name in stages if "." not in name]
+            parts: dict[str, int] = {}
+            for name in stages:
+                stage = name.split(".")[0]
+                if "." in name and stage not in whole:  # parts of a stage not yet committed: in flight
+                    parts[stage] = parts.get(stage, 0) + 1
+            flight = "; in flight: " + ", ".join(f"{s} ({n} part(s) committed)" for s, n in parts.items())
+            lines.append(f"    {update:6d}: {', '.join(whole) or '-'}{flight if parts else ''}")
+        lines += self._attempt_lines(entries, start is not None and start.done)
         return "\n".join(lines)
+
+    def _lease_line(self) -> str:
+        lease = read_lease(self.store, self.run_id)
+        if lease is None:
+            return "none"
+        line = f"{lease.get('holder')} on {lease.get('host')} until {lease.get('expires_at')}"
+        if holder_is_dead(lease):
+            line += " (its process is gone: the next train or resume takes the run over)"
+        return line
+
+    def _attempt_lines(self, entries: dict[int, list[str]], complete: bool) -> list[str]:
+        attempts = self.store.attempts(self.run_id)
+        by_stage: dict[tuple[int, str], list[dict]] = {}
+        for record in attempts:
+            by_stage.setdefault((record.get("update", 0), record.get("stage", "")), []).append(record)
+
+        def outcome(record: dict) -> str:
+            said = str(record.get("outcome", "unknown")).split(":")[0]
+            if said != "running":
+                return said
+            key = (record.get("update", 0), record.get("stage", ""))
+            superseded = record is not by_stage[key][-1] or key[1] in entries.get(key[0], [])
+            return "dead" if complete or superseded or holder_is_dead(record) else "running"
+
+        counts: dict[str, int] = {}
+        for record in attempts:
+            counts[outcome(record)] = counts.get(outcome(record), 0) + 1
+        described = ", ".join(f"{count} {name}" for name, count in sorted(counts.items()))
+        lines = [f"  attempts: {len(attempts)}" + (f" ({described})" if described else "")]
+        if attempts:
+            last = max(attempts, key=lambda r: str(r.get("start", "")))
+            job = f", SLURM job {last['job_id']}" if last.get("job_id") else ""
+            ended = f"ended {last['end']}" if last.get("end") else "never ended"
+            lines.append(
+                f"  last attempt: update {last.get('update')} stage {last.get('stage')} on {last.get('host')}"
+                f" (pid {last.get('pid')}{job}; started {last.get('start')}, {ended}) -> {outcome(last)}"
+            )
+        return lines

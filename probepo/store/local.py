@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-from probepo.store.errors import InvalidKey, ObjectMissing
+from probepo.store.errors import InvalidKey, ObjectMissing, StoreUnreachable
 from probepo.store.keys import object_key
 from probepo.store.objects import (
     CHUNK,
@@ -48,6 +48,28 @@ class LocalObjectStore(ObjectStore):
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = str(self.root)
+        # Fail at open, not at the first write, where the folder can never be: under a regular file.
+        existing = next(p for p in (self.root, *self.root.parents) if p.exists())
+        if not existing.is_dir():
+            raise StoreUnreachable(
+                f"local store {self.url}: {existing} is a file, not a folder, so the store cannot live there;"
+                " choose another --store (a folder, or s3://bucket/prefix)"
+            )
+
+    @contextlib.contextmanager
+    def _errors(self, action: str, key: str) -> Iterator[None]:
+        """Turn an OS failure (permissions, a full disk, a file where a folder should be) into one store
+        error naming the store, the key, the cause and what to do."""
+        try:
+            yield
+        except (ObjectMissing, InvalidKey):
+            raise
+        except OSError as exc:
+            raise StoreUnreachable(
+                f"local store {self.url}: cannot {action} {key or '/'!r}: {exc.strerror or exc}"
+                f"{f' ({exc.filename})' if exc.filename else ''}; check that the folder is writable and the"
+                " disk has room, or choose another --store"
+            ) from None
 
     def _path(self, key: str) -> Path:
         path = self.root / object_key(key)
@@ -84,44 +106,48 @@ class LocalObjectStore(ObjectStore):
         _fsync_dir(path.parent)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        path = self._path(key)
-        self._replace(self._write_temp(path, data), path)
+        with self._errors("write", key):
+            path = self._path(key)
+            self._replace(self._write_temp(path, data), path)
 
     def put_file(self, key: str, path: Path) -> Digest:
-        target = self._path(key)
-        temp = self._temp_beside(target)
-        try:
-            with open(path, "rb") as source, open(temp, "xb") as handle:
-                sink = HashingWriter(handle)
-                while chunk := source.read(CHUNK):
-                    sink.write(chunk)
-                handle.flush()
-                os.fsync(handle.fileno())
-            self._replace(temp, target)
-        finally:
-            temp.unlink(missing_ok=True)
-        return sink.digest()
+        with self._errors("write", key):
+            target = self._path(key)
+            temp = self._temp_beside(target)
+            try:
+                with open(path, "rb") as source, open(temp, "xb") as handle:
+                    sink = HashingWriter(handle)
+                    while chunk := source.read(CHUNK):
+                        sink.write(chunk)
+                    handle.flush()
+                    os.fsync(handle.fileno())
+                self._replace(temp, target)
+            finally:
+                temp.unlink(missing_ok=True)
+            return sink.digest()
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
-        path = self._path(key)
-        temp = self._write_temp(path, data)
-        try:
-            os.link(temp, path)  # atomic, and fails if the name exists
-        except FileExistsError:
-            return None
-        finally:
-            temp.unlink(missing_ok=True)
-        _fsync_dir(path.parent)
-        return _etag(data)
+        with self._errors("create", key):
+            path = self._path(key)
+            temp = self._write_temp(path, data)
+            try:
+                os.link(temp, path)  # atomic, and fails if the name exists
+            except FileExistsError:
+                return None
+            finally:
+                temp.unlink(missing_ok=True)
+            _fsync_dir(path.parent)
+            return _etag(data)
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
-        path = self._path(key)
-        with self._locked(path):
-            current = self.get_versioned(key)
-            if current is None or current.etag != etag:
-                return None
-            self._replace(self._write_temp(path, data), path)
-            return _etag(data)
+        with self._errors("replace", key):
+            path = self._path(key)
+            with self._locked(path):
+                current = self.get_versioned(key)
+                if current is None or current.etag != etag:
+                    return None
+                self._replace(self._write_temp(path, data), path)
+                return _etag(data)
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -157,56 +183,61 @@ class LocalObjectStore(ObjectStore):
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        top = self._path(prefix.rstrip("/")) if prefix else self.root
-        for folder, subfolders, files in os.walk(top):
-            subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
-            for name in sorted(files):
-                if name.startswith("."):
-                    continue
-                path = Path(folder, name)
-                try:
-                    stat = path.stat()
-                except FileNotFoundError:  # deleted while listing
-                    continue
-                yield ObjectInfo(path.relative_to(self.root).as_posix(), stat.st_size, stat.st_mtime)
+        with self._errors("list", prefix):
+            top = self._path(prefix.rstrip("/")) if prefix else self.root
+            for folder, subfolders, files in os.walk(top):
+                subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+                for name in sorted(files):
+                    if name.startswith("."):
+                        continue
+                    path = Path(folder, name)
+                    try:
+                        stat = path.stat()
+                    except FileNotFoundError:  # deleted while listing
+                        continue
+                    yield ObjectInfo(path.relative_to(self.root).as_posix(), stat.st_size, stat.st_mtime)
 
     def list_children(self, prefix: str) -> list[str]:
-        top = self._path(prefix.rstrip("/")) if prefix else self.root
-        if not top.is_dir():
-            return []
-        return sorted(
-            entry.name for entry in top.iterdir() if entry.is_dir() and not entry.name.startswith(".")
-        )
+        with self._errors("list", prefix):
+            top = self._path(prefix.rstrip("/")) if prefix else self.root
+            if not top.is_dir():
+                return []
+            return sorted(
+                entry.name for entry in top.iterdir() if entry.is_dir() and not entry.name.startswith(".")
+            )
 
     def delete(self, key: str) -> None:
-        self._path(key).unlink(missing_ok=True)
+        with self._errors("delete", key):
+            self._path(key).unlink(missing_ok=True)
 
     def delete_if_match(self, key: str, etag: str) -> bool:
-        path = self._path(key)
-        with self._locked(path):
-            current = self.get_versioned(key)
-            if current is None or current.etag != etag:
-                return False
-            path.unlink()
-            _fsync_dir(path.parent)
-            return True
+        with self._errors("delete", key):
+            path = self._path(key)
+            with self._locked(path):
+                current = self.get_versioned(key)
+                if current is None or current.etag != etag:
+                    return False
+                path.unlink()
+                _fsync_dir(path.parent)
+                return True
 
     def append(self, key: str, data: bytes) -> None:
         """A real append (O_APPEND + fsync) under the key's lock.
 
         Appended records are lines: if a crash tore the last one, a newline first keeps the new one whole.
         """
-        path = self._path(key)
-        with self._locked(path):
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
-            try:
-                size = os.fstat(fd).st_size
-                if size and os.pread(fd, 1, size - 1) != b"\n":
-                    data = b"\n" + data
-                os.write(fd, data)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        with self._errors("append to", key):
+            path = self._path(key)
+            with self._locked(path):
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+                try:
+                    size = os.fstat(fd).st_size
+                    if size and os.pread(fd, 1, size - 1) != b"\n":
+                        data = b"\n" + data
+                    os.write(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
 
     def prune_empty(self, prefix: str) -> None:
         top = self._path(prefix.rstrip("/"))

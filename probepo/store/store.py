@@ -209,6 +209,30 @@ class ArtifactStore:
         except ObjectMissing:
             raise RunNotFound(self.url, run_id) from None
 
+    def extend_run(self, run_id: str, *, from_updates: int, to_updates: int) -> dict[str, Any]:
+        """Record (create-only) that the run's number of updates was raised; returns the record. Writing
+        the same extension again returns the existing record."""
+        self.read_run(run_id)
+        record = {
+            "from": from_updates,
+            "to": to_updates,
+            "at": utc_now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        key = RunLayout(run_id).extension(to_updates)
+        if self.objects.put_if_absent(key, to_json_bytes(record)) is None:
+            return from_json_bytes(self.objects.get_bytes(key))
+        return record
+
+    def extensions(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's extensions, oldest (fewest updates) first."""
+        layout = RunLayout(run_id)
+        found = [
+            from_json_bytes(self.objects.get_bytes(i.key)) for i in self.objects.list(layout.extensions_root)
+        ]
+        return sorted(found, key=lambda record: record["to"])
+
     # -- commits -----------------------------------------------------------------------------------
 
     def commit_stage(

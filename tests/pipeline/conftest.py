@@ -1,15 +1,8 @@
-"""A tiny CPU-testbed recipe and a shared store, so pipeline tests take seconds."""
+"""The tiny CPU-testbed recipe that pipeline, CLI and execution tests share (warm stores: ../conftest.py)."""
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
-import pytest
-
 from probepo.config import RunConfig
-from probepo.pipeline import ensure_warmup
-from probepo.store import ArtifactStore, open_store
 
 
 def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
@@ -26,22 +19,3 @@ def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
     data["algo"].update(algorithm=algorithm, max_pivots=2, continuations_per_pivot=3)
     data.update(fields)
     return RunConfig.model_validate(data)
-
-
-@pytest.fixture(scope="session")
-def warm_store(tmp_path_factory: pytest.TempPathFactory) -> ArtifactStore:
-    """A local store holding the tiny recipe's warm-up checkpoint (made once per session)."""
-    folder: Path = tmp_path_factory.mktemp("store")
-    store = open_store(folder)
-    ensure_warmup(tiny_config(), store)
-    return store
-
-
-@pytest.fixture(scope="session")
-def s3_warm_store(s3_admin) -> ArtifactStore:
-    """A store on the S3 endpoint holding the tiny recipe's warm-up checkpoint (made once per session)."""
-    bucket = f"warm-{uuid.uuid4().hex[:12]}"
-    s3_admin.create_bucket(Bucket=bucket)
-    store = open_store(f"s3://{bucket}/team/runs")
-    ensure_warmup(tiny_config(), store)
-    return store

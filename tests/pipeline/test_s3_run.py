@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from probepo.pipeline import train
-from probepo.stages import TRAINING_STAGES
+from probepo.schedule import TRAINING_STAGES
 from tests.pipeline.conftest import tiny_config
 
 

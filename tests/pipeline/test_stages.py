@@ -12,7 +12,8 @@ from probepo.models.gpt import load_model
 from probepo.pipeline import train
 from probepo.presets import with_overrides
 from probepo.report import load_curves, write_report
-from probepo.stages import TRAINING_STAGES, warmup
+from probepo.schedule import TRAINING_STAGES
+from probepo.stages import warmup
 from probepo.stages.common import Rollouts
 from probepo.stages.context import StageContext
 from probepo.stages.select import choose_pivots

@@ -1,0 +1,27 @@
+"""Which stages run at each update: the order of a run, shared by the driver, resume points and `store ls`.
+
+Plain integers in, stage names out, and no heavy imports: reading where a run stands needs no torch.
+"""
+
+from __future__ import annotations
+
+TRAINING_STAGES = ("sample", "score", "select", "probe", "advantage", "optimize")
+"""The stages of one update, in order."""
+CHECKPOINT = "checkpoint"
+EVALUATE = "evaluate"
+EVAL_RESULTS = "eval.parquet"
+"""The evaluate stage's per-problem table (what reports read back)."""
+WARMUP = "warmup"
+"""The single stage of a warm-up run (its own run in the store, shared by the runs that start from it)."""
+
+
+def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[str]:
+    """The stages the driver runs for update k: checkpoint 0 first (k = 0; later checkpoints come from
+    optimize), an evaluation of policy k when due (every `eval_every` updates and after the last), then
+    training (not after the last update, where only the final evaluation runs)."""
+    stages = [CHECKPOINT] if update == 0 else []
+    if update % eval_every == 0 or update == num_updates:
+        stages.append(EVALUATE)
+    if update < num_updates:
+        stages.extend(TRAINING_STAGES)
+    return stages
