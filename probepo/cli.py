@@ -19,7 +19,7 @@ import yaml
 from probepo import __version__
 from probepo.config import RunConfig
 from probepo.preemption import PREEMPTED_EXIT, Preempted
-from probepo.presets import ConfigError, load_run_config, validate_run_config, with_overrides
+from probepo.presets import ConfigError, load_profile, load_run_config, validate_run_config, with_overrides
 from probepo.store import LeaseHeld, StoreError, open_store
 from probepo.store.cli import StoreOption, store_app, store_url
 
@@ -28,6 +28,7 @@ from probepo.store.cli import StoreOption, store_app, store_url
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 if TYPE_CHECKING:
+    from probepo.execution import StageRunner
     from probepo.pipeline import ProgressFn
 
 app = typer.Typer(
@@ -53,7 +54,37 @@ TakeOverOption = Annotated[
     ),
 ]
 
+ExecutorOption = Annotated[
+    str,
+    typer.Option(
+        "--executor",
+        help="Where each stage runs: inline (this process), local (a subprocess per stage, submitit's"
+        " LocalExecutor) or slurm (a SLURM job per stage).",
+    ),
+]
+ProfileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        help="Execution profile (YAML): per-stage SLURM resources, job folder, environment allow-list;"
+        " not part of the run's recipe (configs/profiles/ has examples).",
+    ),
+]
+
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+def _runner(executor: str, profile: Path | None) -> StageRunner:
+    """The stage runner for --executor/--profile, checked before anything is submitted."""
+    from slurm import EXECUTORS, make_runner
+    from slurm.accounting import SlurmUnavailable
+
+    if executor not in EXECUTORS:
+        raise _fail(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
+    try:
+        return make_runner(executor, load_profile(profile))
+    except (ConfigError, SlurmUnavailable) as exc:
+        raise _fail(str(exc)) from None
 
 
 def _fail(message: str) -> typer.Exit:
@@ -111,9 +142,12 @@ def _train(
     quiet: bool,
     take_over: bool,
     command: str,
+    runner: StageRunner,
 ) -> None:
     """Run the driver and turn every failure into one line; `command` is how the user resumes (advice)."""
     from probepo.pipeline import train as run_training  # torch loads here, not for --help
+    from slurm import StageFailed
+    from slurm.backends import SubmitFailed, SubmitRefused
 
     events = tensorboard or Path("out") / "tensorboard" / run_id
     progress: ProgressFn = _Progress(quiet)
@@ -127,10 +161,11 @@ def _train(
             say=typer.echo,
             tensorboard_dir=events,
             take_over=take_over,
+            runner=runner,
         )
     except LeaseHeld as exc:
         raise _fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
-    except (StoreError, ValueError) as exc:
+    except (StoreError, ValueError, StageFailed, SubmitRefused, SubmitFailed) as exc:
         raise _fail(str(exc)) from None
     except Preempted as exc:
         typer.echo(f"preempted: {exc}; resume with `probepo resume {run_id}`", err=True)
@@ -168,6 +203,8 @@ def train(
     tensorboard: TensorboardOption = None,
     quiet: QuietOption = False,
     take_over: TakeOverOption = False,
+    executor: ExecutorOption = "inline",
+    profile: ProfileOption = None,
 ) -> None:
     """Train (or resume) a run from a preset: every stage of every update is committed to the store."""
     overrides = _parse_sets(sets)
@@ -191,6 +228,7 @@ def train(
         quiet=quiet,
         take_over=take_over,
         command=command,
+        runner=_runner(executor, profile),
     )
 
 
@@ -209,8 +247,12 @@ def resume(
     tensorboard: TensorboardOption = None,
     quiet: QuietOption = False,
     take_over: TakeOverOption = False,
+    executor: ExecutorOption = "inline",
+    profile: ProfileOption = None,
 ) -> None:
-    """Continue a run from what the store holds (its frozen recipe): committed stages are skipped."""
+    """Continue a run from what the store holds (its frozen recipe): committed stages are skipped, and a
+    stage's job still pending or running is waited for, not submitted again. The executor and profile may
+    differ from the run's earlier ones: the bits do not."""
     from probepo.pipeline import extend_run, recorded_updates
 
     try:
@@ -238,6 +280,27 @@ def resume(
         quiet=quiet,
         take_over=take_over,
         command=f"probepo resume {run_id}",
+        runner=_runner(executor, profile),
+    )
+
+
+@app.command()
+def jobs(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run whose stage jobs to list.")],
+    store: StoreOption = None,
+) -> None:
+    """Each stage's jobs: job id, executor, state, node, elapsed time and the stage's attempts."""
+    from slurm.runner import jobs_table
+
+    try:
+        opened = open_store(store_url(store))
+        opened.read_run(run_id)
+        records = opened.jobs(run_id)
+        attempts = opened.attempts(run_id)
+    except StoreError as exc:
+        raise _fail(str(exc)) from None
+    typer.echo(
+        jobs_table(records, attempts) if records else f"run {run_id} has no stage jobs (it ran inline)"
     )
 
 

@@ -4,10 +4,11 @@ A point is `<update>:<stage>:<when>` (when: before-commit | after-commit), e.g. 
 after-commit`, the safe point right after the optimizer committed its first mini-batch.
 - `PROBEPO_CRASH_AT=<point>` makes the process SIGKILL itself there, exactly as a node failure would: no
   handler, no cleanup, no flush.
-- `PROBEPO_PAUSE_AT=<point>` makes it stop there and wait for a preemption signal, so that a drill sends
-  SIGUSR2 or SIGTERM (or preempts the SLURM job) at a known place every time. On arriving it writes its
-  pid to the file `PROBEPO_PAUSE_MARK` (if set), so the drill knows when to act; it waits at most
-  `PAUSE_TIMEOUT_S`, then fails loudly rather than hang a test.
+- `PROBEPO_PAUSE_AT=<point>[,<point>...]` makes it stop there and wait for a preemption signal, so that a
+  drill sends SIGUSR2 or SIGTERM (or preempts the SLURM job) at a known place every time. On arriving it
+  writes `<pid> <point>` to the file `PROBEPO_PAUSE_MARK` (if set), so the drill knows when and whom to
+  act on. It goes on without a signal once the file `PROBEPO_PAUSE_RELEASE` exists (a drill that kills
+  the driver, not the stage), and waits at most `PAUSE_TIMEOUT_S`, then fails loudly rather than hang.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from pathlib import Path
 CRASH_ENV = "PROBEPO_CRASH_AT"
 PAUSE_ENV = "PROBEPO_PAUSE_AT"
 PAUSE_MARK_ENV = "PROBEPO_PAUSE_MARK"
+PAUSE_RELEASE_ENV = "PROBEPO_PAUSE_RELEASE"
 PAUSE_TIMEOUT_S = 120.0
 
 
@@ -37,13 +39,13 @@ def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bo
     point = f"{update}:{stage}:{when}"
     if os.environ.get(CRASH_ENV) == point:
         os.kill(os.getpid(), signal.SIGKILL)
-    if os.environ.get(PAUSE_ENV) != point:
+    if point not in os.environ.get(PAUSE_ENV, "").split(","):
         return
-    mark = os.environ.get(PAUSE_MARK_ENV)
+    mark, release = os.environ.get(PAUSE_MARK_ENV), os.environ.get(PAUSE_RELEASE_ENV)
     if mark:
-        Path(mark).write_text(f"{os.getpid()}\n")
+        Path(mark).write_text(f"{os.getpid()} {point}\n")
     deadline = time.monotonic() + PAUSE_TIMEOUT_S
-    while not should_stop():
+    while not should_stop() and not (release and Path(release).exists()):
         if time.monotonic() > deadline:
             raise PauseTimeout(f"paused at {point} for {PAUSE_TIMEOUT_S:.0f} s and no preemption signal came")
         time.sleep(0.05)

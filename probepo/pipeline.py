@@ -12,21 +12,19 @@ import os
 import socket
 import tempfile
 import threading
-import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from probepo import __version__
 from probepo.config import RunConfig
-from probepo.preemption import Preempted, StopFlag
+from probepo.execution import InlineRunner, StageRequest, StageRunner
+from probepo.preemption import StopFlag
 from probepo.schedule import stages_for_update
-from probepo.stages import STAGES, warmup
+from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
-    AlreadyCommitted,
     ArtifactStore,
     Lease,
     LeaseLost,
@@ -38,6 +36,7 @@ from probepo.store import (
     open_store,
 )
 from probepo.store.lease import take_lease as store_take_lease
+from probepo.store.store import differing_fields
 
 LEASE_TTL_S = 600.0
 log = logging.getLogger(__name__)
@@ -49,44 +48,16 @@ SayFn = Callable[[str], None]
 """Called with a line for the user: where the store, warm-up and events are, where a run starts."""
 
 
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def run_stage(ctx: StageContext, stage: str, progress: ProgressFn | None = None) -> dict[str, Any]:
-    """Run one stage unless the ledger already holds it; returns its committed summary (and tells
-    `progress` whether it ran or was skipped).
-
-    Each attempt leaves a record in the store: written as "running" before the stage starts (so an
-    attempt killed outright is still visible) and replaced with its outcome when it ends.
-    """
+def drive_stage(
+    ctx: StageContext, stage: str, runner: StageRunner, progress: ProgressFn | None = None
+) -> dict[str, Any]:
+    """Have `runner` run one stage unless the ledger already holds it; returns its committed summary
+    (and tells `progress` whether it ran or was skipped)."""
     store, run_id, update = ctx.store, ctx.run_id, ctx.update
     marker = store.marker(run_id, update, stage)
     ran = marker is None
     if marker is None:
-        record: dict[str, Any] = {
-            "job_id": os.environ.get("SLURM_JOB_ID"),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-            "start": _now(),
-            "outcome": "running",
-        }
-        attempt = store.record_attempt(run_id, update, stage, record)
-        ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
-        try:
-            STAGES[stage](ctx)
-            record["outcome"] = "committed"
-        except AlreadyCommitted:
-            record["outcome"] = "lost-race"  # another attempt won; its commit is the truth
-        except Preempted:
-            record["outcome"] = "preempted"
-            raise
-        except BaseException as exc:
-            record["outcome"] = f"failed: {type(exc).__name__}: {exc}"[:500]
-            raise
-        finally:
-            record.update(ctx.attempt_notes, end=_now())
-            store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
+        runner.run(StageRequest.of(ctx, stage), ctx)
         marker = store.marker(run_id, update, stage)
         if marker is None:
             raise RuntimeError(
@@ -116,8 +87,10 @@ def train(
     say: SayFn | None = None,
     tensorboard_dir: Path | None = None,
     take_over: bool = False,
+    runner: StageRunner | None = None,
 ) -> list[dict[str, Any]]:
-    """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records.
+    """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records. Every stage
+    the ledger lacks (the warm-up's too) goes to `runner` (default: inline, in this process).
 
     A run's recipe is frozen in the store on its first start: resuming with another `config` raises
     RunConfigMismatch naming the differing fields (a resume never silently changes a recipe; more updates
@@ -126,9 +99,10 @@ def train(
     once the recipe and the lease are settled.
     """
     store = store or open_store(config.store)
+    runner = runner or InlineRunner()
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
-    warm = ensure_warmup(config, store, progress, say=tell)
+    warm = ensure_warmup(config, store, progress, say=tell, runner=runner)
     tell(f"store: {store.url}")
     flag = StopFlag()
     with (
@@ -146,12 +120,12 @@ def train(
         for update in range(first):
             if metrics.missing(update):
                 ctx = StageContext(store, run_id, update, config, Path(scratch))
-                metrics.log(update, {s: run_stage(ctx, s) for s in _update_stages(config, update)})
+                metrics.log(update, {s: drive_stage(ctx, s, runner) for s in _update_stages(config, update)})
         for update in range(first, config.num_updates + 1):
             ctx = StageContext(store, run_id, update, config, Path(scratch), should_stop=flag)
             summaries = {}
             for stage in _update_stages(config, update):
-                summaries[stage] = run_stage(ctx, stage, progress)
+                summaries[stage] = drive_stage(ctx, stage, runner, progress)
                 lease.check()
             metrics.log(update, summaries)
     return store.read_metrics(run_id)
@@ -227,8 +201,13 @@ def freeze_recipe(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
     try:
         store.create_run(run_id, run_record(config))
     except RunConfigMismatch as exc:
-        if exc.keys != ["config.num_updates"]:
+        keys = _differing_after_defaults(store.read_run(run_id)["config"], config)
+        if keys is None:
             raise
+        if not keys:  # only fields added since, at their defaults: the same recipe
+            return
+        if keys != ["num_updates"]:
+            raise RunConfigMismatch(run_id, [f"config.{key}" for key in keys]) from None
         current = recorded_updates(store, run_id)
         if config.num_updates != current:
             raise RunConfigMismatch(
@@ -237,6 +216,17 @@ def freeze_recipe(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
                 advice=f"it trains {current} updates, this config {config.num_updates}; to train it further,"
                 f" extend it: `probepo resume {run_id} --updates N` (N > {current})",
             ) from None
+
+
+def _differing_after_defaults(frozen: dict[str, Any], config: RunConfig) -> list[str] | None:
+    """The dotted fields in which `config` differs from a frozen recipe read by this code's RunConfig
+    (fields added since the run was made take their defaults, which keep what older code did); None if
+    this code cannot read the frozen recipe."""
+    try:
+        stored = RunConfig.model_validate({**frozen, "store": config.store})
+    except ValueError:
+        return None
+    return differing_fields(stored.model_dump(mode="json"), config.model_dump(mode="json"))
 
 
 def extend_run(store: ArtifactStore, run_id: str, updates: int) -> dict[str, Any]:
@@ -307,9 +297,14 @@ def take_lease(store: ArtifactStore, run_id: str, *, force: bool = False) -> Lea
 
 
 def ensure_warmup(
-    config: RunConfig, store: ArtifactStore, progress: ProgressFn | None = None, say: SayFn | None = None
+    config: RunConfig,
+    store: ArtifactStore,
+    progress: ProgressFn | None = None,
+    say: SayFn | None = None,
+    runner: StageRunner | None = None,
 ) -> str:
-    """Run the warm-up unless its checkpoint is already committed; returns the warm-up run's id."""
+    """Have `runner` (default: inline) run the warm-up unless its checkpoint is already committed; returns
+    the warm-up run's id."""
     run_id = warmup.warmup_run_id(config)
     tell = say or (lambda line: None)
     if store.committed(run_id, 0, warmup.STAGE):
@@ -326,7 +321,8 @@ def ensure_warmup(
         LeaseKeeper(take_lease(store, run_id)),
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
-        summary = run_stage(StageContext(store, run_id, 0, config, Path(scratch)), warmup.STAGE, progress)
+        ctx = StageContext(store, run_id, 0, config, Path(scratch))
+        summary = drive_stage(ctx, warmup.STAGE, runner or InlineRunner(), progress)
     tell(
         f"warm-up: {run_id} ready (accuracy {100 * summary['accuracy']:.1f}% after {summary['steps']} steps)"
     )

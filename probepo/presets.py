@@ -18,7 +18,7 @@ from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from probepo.config import RunConfig
+from probepo.config import ExecutionProfile, RunConfig
 
 
 class ConfigError(ValueError):
@@ -38,16 +38,23 @@ def _set_dotted(data: dict, overrides: Mapping[str, object]) -> dict:
     return data
 
 
-def _field_at(loc: tuple[str | int, ...]) -> tuple[type[BaseModel] | None, FieldInfo | None]:
-    """The model that holds the field at `loc` and the field (None where `loc` leaves the models)."""
-    model: type[BaseModel] = RunConfig
+def _field_at(
+    root: type[BaseModel], loc: tuple[str | int, ...]
+) -> tuple[type[BaseModel] | None, FieldInfo | None]:
+    """The model that holds the field at `loc` and the field (None where `loc` leaves the models; a
+    mapping of models, such as a profile's `stages`, is walked through its values)."""
+    model: type[BaseModel] = root
     info: FieldInfo | None = None
-    for index, part in enumerate(loc):
-        info = model.model_fields.get(str(part))
+    parts = list(loc)
+    while parts:
+        info = model.model_fields.get(str(parts.pop(0)))
         if info is None:
             return model, None
         nested = info.annotation
-        if index < len(loc) - 1:
+        if typing.get_origin(nested) is dict and parts:
+            nested = typing.get_args(nested)[1]
+            parts.pop(0)  # the mapping's key
+        if parts:
             if not (isinstance(nested, type) and issubclass(nested, BaseModel)):
                 return None, None
             model = nested
@@ -71,14 +78,14 @@ def _allowed(info: FieldInfo) -> str:
     return " ".join([kind, *bounds])
 
 
-def _problem(error: Mapping[str, Any], named: bool) -> str:
+def _problem(root: type[BaseModel], error: Mapping[str, Any], named: bool) -> str:
     """One error's text: what was wrong and what is allowed, or the nearest field for a typo. `named`: the
     source already names the field (an option such as `--set algo.kappa`), so the text does not repeat it."""
     loc = tuple(error["loc"])
     dotted = ".".join(map(str, loc)) or "<config>"
     field = "" if named else f"{dotted}: "
     message = str(error["msg"]).removeprefix("Value error, ")
-    model, info = _field_at(loc)
+    model, info = _field_at(root, loc)
     if error["type"] == "extra_forbidden":
         parent = ".".join(map(str, loc[:-1]))
         near = difflib.get_close_matches(str(loc[-1]), list(model.model_fields) if model else [], n=1)
@@ -91,8 +98,13 @@ def _problem(error: Mapping[str, Any], named: bool) -> str:
     return f"{field}{error.get('input')!r} is refused: {message}; allowed: {_allowed(info)}"
 
 
-def explain(exc: ValidationError, source: str, blame: Mapping[str, str] | None = None) -> ConfigError:
-    """A ConfigError for a failed RunConfig validation: each problem is attributed to the option in
+def explain(
+    exc: ValidationError,
+    source: str,
+    blame: Mapping[str, str] | None = None,
+    root: type[BaseModel] = RunConfig,
+) -> ConfigError:
+    """A ConfigError for a failed validation of `root`: each problem is attributed to the option in
     `blame` (dotted field → e.g. `--set algo.kappa`) whose field it concerns, else to `source`."""
     blame = blame or {}
     lines = []
@@ -106,7 +118,7 @@ def explain(exc: ValidationError, source: str, blame: Mapping[str, str] | None =
             ),
             (None, source),
         )
-        lines.append(f"{owner[1]}: {_problem(error, named=owner[0] == dotted)}")
+        lines.append(f"{owner[1]}: {_problem(root, error, named=owner[0] == dotted)}")
     return ConfigError("\n".join(lines))
 
 
@@ -125,6 +137,22 @@ def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
     return RunConfig.model_validate(_set_dotted(config.model_dump(), overrides))
 
 
+def _read_yaml(path: str | PathLike[str], what: str) -> dict[str, Any]:
+    import yaml
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read the {what}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping of fields at the top level")
+    return data
+
+
 def load_run_config(
     path: str | PathLike[str],
     overrides: Mapping[str, object] | None = None,
@@ -136,16 +164,15 @@ def load_run_config(
     `blame` names the command-line option behind each override, so that an invalid value is reported
     against it (`--set algo.kappa`) rather than against the file. Raises ConfigError (a ValueError).
     """
-    import yaml
-
-    try:
-        text = Path(path).read_text()
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read the preset: {exc.strerror or exc}") from None
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: expected a mapping of RunConfig fields at the top level")
+    data = _read_yaml(path, "preset")
     return validate_run_config(_set_dotted(data, overrides or {}), str(path), blame)
+
+
+def load_profile(path: str | PathLike[str] | None) -> ExecutionProfile:
+    """An ExecutionProfile from YAML (None: the defaults). Raises ConfigError naming file and field."""
+    if path is None:
+        return ExecutionProfile()
+    try:
+        return ExecutionProfile.model_validate(_read_yaml(path, "execution profile"))
+    except ValidationError as exc:
+        raise explain(exc, str(path), root=ExecutionProfile) from None

@@ -11,7 +11,7 @@ import boto3
 import pytest
 from hypothesis import settings
 
-from tests.s3server import S3Server, isolated_aws_env, start_s3_server
+from tests.s3server import S3Server, isolated_aws_env, running_s3_server, start_s3_server
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch reads it
 os.environ.setdefault("MKL_NUM_THREADS", "1")
@@ -33,8 +33,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 @pytest.fixture(scope="session")
 def s3_server() -> Iterator[S3Server]:
-    """One moto server for the session; boto3 in this process and its children points at it."""
-    server = start_s3_server()
+    """One moto server for the session (the one `.ci/run` started, named by PROBEPO_TEST_S3_ENDPOINT, else
+    one started here); boto3 in this process and its children points at it."""
+    endpoint = os.environ.get("PROBEPO_TEST_S3_ENDPOINT")
+    server = running_s3_server(endpoint) if endpoint else start_s3_server()
     saved = {key: os.environ.get(key) for key in isolated_aws_env(server)}
     os.environ.update(isolated_aws_env(server))
     try:

@@ -79,13 +79,16 @@ def serve(port: int, *, atomic_conditionals: bool) -> None:
 class S3Server:
     """A running moto server process and how to reach it."""
 
-    process: subprocess.Popen[bytes]
+    process: subprocess.Popen[bytes] | None
+    """None for a server this process did not start (infra/s3/start.sh's): stopping it is not ours."""
     port: int
     endpoint_url: str
     env: dict[str, str] = field(default_factory=dict)
 
     def stop(self) -> None:
-        """Terminate the server process and wait for it."""
+        """Terminate the server process (if this process started it) and wait for it."""
+        if self.process is None:
+            return
         self.process.terminate()
         try:
             self.process.wait(timeout=10)
@@ -116,6 +119,17 @@ def start_s3_server(*, atomic_conditionals: bool = True, timeout_s: float = 30.0
             time.sleep(0.05)
     env = {**TEST_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint}
     return S3Server(process=process, port=port, endpoint_url=endpoint, env=env)
+
+
+def running_s3_server(endpoint: str) -> S3Server:
+    """The S3 server already answering at `endpoint` (started by infra/s3/start.sh)."""
+    port = int(endpoint.rsplit(":", 1)[1])
+    return S3Server(
+        process=None,
+        port=port,
+        endpoint_url=endpoint,
+        env={**TEST_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint},
+    )
 
 
 def isolated_aws_env(server: S3Server) -> dict[str, str]:

@@ -8,7 +8,7 @@ False).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -73,6 +73,11 @@ class TrainerState:
     meta: dict[str, Any]
 
 
+ChunkCallback = Callable[[list[int], list[list[Completion]], bytes], None]
+"""Called after each chunk of prefixes is decoded with (the prefixes' indices, their completions, the
+engine's state after the chunk): a stage commits them as a shard, so a preempted stage resumes after its
+last shard and ends bitwise as if it had never stopped."""
+
 MinibatchCallback = Callable[[int, dict[str, float]], None]
 """Called after each optimizer step with the mini-batch index and its metrics; the caller may commit
 `state()` there to resume from the next mini-batch."""
@@ -80,9 +85,18 @@ MinibatchCallback = Callable[[int, dict[str, float]], None]
 
 class GenerationEngine(Protocol):
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
-        """n samples per prompt (prompt ids include BOS); result[i][j] is sample j of prompt i."""
+        """n samples per prompt (prompt ids include BOS); result[i][j] is sample j of prompt i. Resuming
+        and chunk reports as in `continue_from`."""
         ...
 
     def continue_from(
@@ -95,11 +109,18 @@ class GenerationEngine(Protocol):
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
         """n continuations of each prefix (prompt + partial response ids), each encoded once and forked.
         Prefix i may generate max_new_tokens[i] tokens (params.max_tokens is ignored). With rescue_tokens
         > 0, a continuation that reaches its limit without a stop token gets rescue_ids appended and up to
-        rescue_tokens more tokens generated greedily (Completion.rescued)."""
+        rescue_tokens more tokens generated greedily (Completion.rescued).
+
+        Resuming: `done` holds the completions of the chunks already decoded (as `on_chunk` reported
+        them) and `state` the engine state reported after the last of them; the result is bitwise what
+        one uninterrupted call gives."""
         ...
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:

@@ -7,7 +7,7 @@ Probes are sorted by prefix length and chunked, so probing costs about its token
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from probepo.engines.base import Completion, SamplingParams
+from probepo.engines.base import ChunkCallback, Completion, SamplingParams
 from probepo.models.gpt import GPT, WEIGHTS_FILE
 
 
@@ -38,10 +38,27 @@ class TorchGenerationEngine:
         self.model.load_state_dict(source)
 
     def generate(
-        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
-        """n samples per prompt (ids include BOS), each of at most params.max_tokens tokens."""
-        return self.continue_from(prompts, n, params, seed, [params.max_tokens] * len(prompts))
+        """n samples per prompt (ids include BOS), each of at most params.max_tokens tokens; resuming and
+        chunk reports as in `continue_from`."""
+        limits = [params.max_tokens] * len(prompts)
+        return self.continue_from(prompts, n, params, seed, limits, done=done, state=state, on_chunk=on_chunk)
+
+    def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
+        """The prefix indices decoded together, in order: sorted by length (stable), max_batch_rows // n
+        prefixes at a time. A pure function of the lengths, so a resumed call makes the same chunks."""
+        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        per_chunk = max(1, self.max_batch_rows // n)
+        return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
 
     def continue_from(
         self,
@@ -53,16 +70,27 @@ class TorchGenerationEngine:
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
-        """n continuations of each prefix; see GenerationEngine.continue_from."""
+        """n continuations of each prefix; see GenerationEngine.continue_from. The state is the random
+        generator's, so chunks after a resume draw exactly what they would have drawn."""
         rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
         generator = torch.Generator().manual_seed(seed)
-        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        plan = self.chunks(prefixes, n)
         results: list[list[Completion]] = [[] for _ in prefixes]
+        skip = _resumed_chunks(plan, done or {})
+        for chunk in plan[:skip]:
+            for i in chunk:
+                results[i] = list(done[i])
+        if skip:
+            if state is None:
+                raise ValueError("resuming after decoded chunks needs the engine state reported with them")
+            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
         with torch.inference_mode():
-            per_chunk = max(1, self.max_batch_rows // n)
-            for chunk in (order[i : i + per_chunk] for i in range(0, len(order), per_chunk)):
+            for chunk in plan[skip:]:
                 completions = self._decode(
                     [prefixes[i] for i in chunk],
                     n,
@@ -74,6 +102,8 @@ class TorchGenerationEngine:
                 )
                 for i, row in zip(chunk, completions, strict=True):
                     results[i] = row
+                if on_chunk is not None:
+                    on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
         return results
 
     def _check(
@@ -225,6 +255,20 @@ class _Rows:
             self.done |= self.rescued & (self.count - self.rescue_start >= rescue_len)
         else:
             self.done |= at_limit
+
+
+def _resumed_chunks(plan: list[list[int]], done: Mapping[int, list[Completion]]) -> int:
+    """How many leading chunks of `plan` the `done` prefixes make up; refuses anything else."""
+    count, covered = 0, 0
+    while count < len(plan) and covered < len(done):
+        covered += len(plan[count])
+        count += 1
+    if set(done) != {i for chunk in plan[:count] for i in chunk}:
+        raise ValueError(
+            f"the {len(done)} decoded prefixes are not the first chunks of this call: resume with the same"
+            " prefixes, n and batch rows"
+        )
+    return count
 
 
 def sample_tokens(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:

@@ -70,7 +70,7 @@ def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> TorchTr
 
 def generation_engine(ctx: StageContext) -> TorchGenerationEngine:
     """A generation engine on policy k."""
-    engine = TorchGenerationEngine(GPT(ctx.config.model))
+    engine = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=ctx.config.sampling.batch_rows)
     engine.load_weights(fetch_policy(ctx))
     return engine
 

@@ -3,6 +3,7 @@
 Probe continuations are measurements only: they never enter the training batch. A continuation cut off
 at the response length limit gets a cutoff rescue (the task's answer suffix, then a few greedy tokens);
 its value then estimates the rescue policy, not the unmodified actor, and the rescued fraction is reported.
+Each chunk of prefixes the engine decodes is committed as a shard (a safe point for preemption).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from probepo.algo.advantage import group_stats, shrink_values
 from probepo.stages.common import Rollouts, generation_engine, read_tensors, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.select import PIVOTS
+from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "probe"
@@ -37,14 +39,22 @@ def run(ctx: StageContext) -> None:
         ]
         budgets = [params.max_tokens - t for t in cuts]  # probes share the backbone's response length limit
         rescue_ids = task.tokenizer.encode(algo.rescue_suffix) if algo.rescue_tokens else []
-        continuations = generation_engine(ctx).continue_from(
-            prefixes,
-            algo.continuations_per_pivot,
-            params,
-            ctx.seed(STAGE),
-            budgets,
-            rescue_ids=rescue_ids,
-            rescue_tokens=algo.rescue_tokens,
+        engine = generation_engine(ctx)
+        continuations = generate_in_shards(
+            ctx,
+            STAGE,
+            lambda done, state, on_chunk: engine.continue_from(
+                prefixes,
+                algo.continuations_per_pivot,
+                params,
+                ctx.seed(STAGE),
+                budgets,
+                rescue_ids=rescue_ids,
+                rescue_tokens=algo.rescue_tokens,
+                done=done,
+                state=state,
+                on_chunk=on_chunk,
+            ),
         )
         for row, slot, t, samples in zip(rows.tolist(), slots.tolist(), cuts, continuations, strict=True):
             head = rollouts.responses[row][:t]

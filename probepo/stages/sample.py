@@ -1,4 +1,6 @@
-"""Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier."""
+"""Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier.
+
+Each chunk of prompts the engine decodes is committed as a shard (a safe point for preemption)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM
 from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
+from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import table_to_parquet
 
 STAGE = "sample"
@@ -18,8 +21,13 @@ def run(ctx: StageContext) -> None:
     task = task_of(ctx)
     problems = task.batch(RL_STREAM, cfg.seed, ctx.update, cfg.prompts_per_update)
     prompts = [task.prompt_ids(p) for p in problems]
-    groups = generation_engine(ctx).generate(
-        prompts, cfg.group_size, sampling_params(ctx, task), ctx.seed(STAGE)
+    engine, params = generation_engine(ctx), sampling_params(ctx, task)
+    groups = generate_in_shards(
+        ctx,
+        STAGE,
+        lambda done, state, on_chunk: engine.generate(
+            prompts, cfg.group_size, params, ctx.seed(STAGE), done=done, state=state, on_chunk=on_chunk
+        ),
     )
     rows: dict[str, list] = {
         k: []

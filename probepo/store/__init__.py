@@ -26,7 +26,8 @@ from probepo.store.errors import (
 )
 from probepo.store.lease import Lease, acquire_lease, read_lease
 from probepo.store.ledger import Ledger, ResumePoint
-from probepo.store.store import ArtifactStore, GcReport, StageFiles, VerifyReport
+from probepo.store.maintenance import GcReport, VerifyReport
+from probepo.store.store import ArtifactStore, StageFiles
 
 __all__ = [
     "AlreadyCommitted",

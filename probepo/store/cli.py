@@ -16,7 +16,7 @@ import typer
 
 from probepo.store import ArtifactStore, LeaseHeld, Ledger, StoreError, open_store
 from probepo.store.lease import take_lease
-from probepo.store.store import DEFAULT_GC_MIN_AGE_S
+from probepo.store.maintenance import DEFAULT_GC_MIN_AGE_S
 
 DEFAULT_STORE_URL = "./store"
 GC_LEASE_TTL_S = 600.0

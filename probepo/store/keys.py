@@ -7,6 +7,8 @@ may come from an untrusted bucket) are validated again, so no key can escape the
 from __future__ import annotations
 
 import re
+import uuid
+from datetime import UTC, datetime
 
 from probepo.store.errors import InvalidKey
 
@@ -16,6 +18,16 @@ _FILE_PART = re.compile(r"[A-Za-z0-9_=+@,-][A-Za-z0-9._=+@,-]{0,254}")
 _ATTEMPT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_KEY_LENGTH = 1024
 CHECKPOINT_STAGE = "checkpoint"
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 with microseconds."""
+    return datetime.now(UTC).isoformat(timespec="microseconds")
+
+
+def new_attempt_id() -> str:
+    """A fresh, sortable, unique attempt (or submission) id: UTC time then random hex."""
+    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}Z-{uuid.uuid4().hex[:12]}"
 
 
 def _check(pattern: re.Pattern[str], value: object, what: str) -> str:
@@ -133,6 +145,13 @@ class RunLayout:
 
     def data_key(self, k: int, name: str, attempt_id: str, file: str) -> str:
         return self.attempt_dir(k, name, attempt_id) + file_name(file)
+
+    @property
+    def jobs_root(self) -> str:
+        return self.root + "jobs/"
+
+    def job_record(self, k: int, name: str, submission_id: str) -> str:
+        return f"{self.jobs_root}{update(k):06d}/{stage(name)}/{attempt(submission_id)}.json"
 
     @property
     def attempts_root(self) -> str:

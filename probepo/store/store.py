@@ -20,8 +20,6 @@ import socket
 import uuid
 from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from os import PathLike
 from pathlib import Path
 from typing import Any
@@ -39,41 +37,32 @@ from probepo.store.errors import (
     StoreError,
 )
 from probepo.store.formats import from_json_bytes, to_json_bytes
-from probepo.store.keys import RunLayout
+from probepo.store.keys import RunLayout, new_attempt_id, utc_now
 from probepo.store.lease import Lease, acquire_lease
+from probepo.store.maintenance import Maintenance
 from probepo.store.objects import Digest, ObjectStore
+from probepo.store.records import RunRecords
 
 log = logging.getLogger("probepo.store")
 
 MARKER_FORMAT = "probepo.commit/1"
 MARKER_NAME = "<commit marker>"
 UPLOAD_WORKERS = 16
-DEFAULT_GC_MIN_AGE_S = 6 * 3600.0
 _HEX = frozenset("0123456789abcdef")
 
 
-def utc_now() -> str:
-    """The current UTC time, ISO 8601 with microseconds."""
-    return datetime.now(UTC).isoformat(timespec="microseconds")
-
-
-def new_attempt_id() -> str:
-    """A fresh, sortable, unique attempt id: UTC time then random hex."""
-    return f"{datetime.now(UTC):%Y%m%dT%H%M%S%f}Z-{uuid.uuid4().hex[:12]}"
-
-
-def _differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
+def differing_fields(old: Any, new: Any, path: str = "") -> list[str]:
     """Dotted paths at which two JSON documents differ (e.g. `config.algo.kappa`), sorted."""
     if not (isinstance(old, dict) and isinstance(new, dict)):
         return [path or "<root>"] if old != new else []
     return sorted(
         field
         for key in set(old) | set(new)
-        for field in _differing_fields(old.get(key), new.get(key), f"{path}.{key}" if path else key)
+        for field in differing_fields(old.get(key), new.get(key), f"{path}.{key}" if path else key)
     )
 
 
-def _parse_marker(raw: bytes, run_id: str, update: int, stage: str) -> dict[str, Any]:
+def parse_marker(raw: bytes, run_id: str, update: int, stage: str) -> dict[str, Any]:
     """Decode and check a marker; names in it are validated because the bucket may not be trusted."""
     try:
         marker = from_json_bytes(raw)
@@ -143,27 +132,10 @@ class StageFiles(Mapping[str, bytes]):
         return len(self.marker["files"])
 
 
-@dataclass
-class VerifyReport:
-    """What `verify` checked and what it found."""
-
-    stages: int = 0
-    files: int = 0
-    bytes: int = 0
-    problems: list[CorruptArtifact] = field(default_factory=list)
-
-
-@dataclass
-class GcReport:
-    """Orphaned attempt folders found (and removed unless dry run), and those kept because too young."""
-
-    removed: list[str] = field(default_factory=list)
-    bytes: int = 0
-    kept_young: list[str] = field(default_factory=list)
-
-
-class ArtifactStore:
+class ArtifactStore(RunRecords, Maintenance):
     """One interface over both backends; see the module docstring for the protocol."""
+
+    parse_marker = staticmethod(parse_marker)
 
     def __init__(self, objects: ObjectStore) -> None:
         self.objects = objects
@@ -199,7 +171,7 @@ class ArtifactStore:
         existing = self.read_run(run_id)
         wanted = from_json_bytes(raw)  # compare after the same JSON round trip (tuples become lists, ...)
         if existing != wanted:
-            raise RunConfigMismatch(run_id, _differing_fields(existing, wanted))
+            raise RunConfigMismatch(run_id, differing_fields(existing, wanted))
         return existing
 
     def read_run(self, run_id: str) -> dict[str, Any]:
@@ -208,30 +180,6 @@ class ArtifactStore:
             return from_json_bytes(self.objects.get_bytes(RunLayout(run_id).run_json))
         except ObjectMissing:
             raise RunNotFound(self.url, run_id) from None
-
-    def extend_run(self, run_id: str, *, from_updates: int, to_updates: int) -> dict[str, Any]:
-        """Record (create-only) that the run's number of updates was raised; returns the record. Writing
-        the same extension again returns the existing record."""
-        self.read_run(run_id)
-        record = {
-            "from": from_updates,
-            "to": to_updates,
-            "at": utc_now(),
-            "host": socket.gethostname(),
-            "pid": os.getpid(),
-        }
-        key = RunLayout(run_id).extension(to_updates)
-        if self.objects.put_if_absent(key, to_json_bytes(record)) is None:
-            return from_json_bytes(self.objects.get_bytes(key))
-        return record
-
-    def extensions(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's extensions, oldest (fewest updates) first."""
-        layout = RunLayout(run_id)
-        found = [
-            from_json_bytes(self.objects.get_bytes(i.key)) for i in self.objects.list(layout.extensions_root)
-        ]
-        return sorted(found, key=lambda record: record["to"])
 
     # -- commits -----------------------------------------------------------------------------------
 
@@ -307,7 +255,7 @@ class ArtifactStore:
             raw = self.objects.get_bytes(RunLayout(run_id).marker(update, stage))
         except ObjectMissing:
             return None
-        return _parse_marker(raw, run_id, update, stage)
+        return parse_marker(raw, run_id, update, stage)
 
     def committed(self, run_id: str, update: int, stage: str) -> bool:
         """Whether the stage has a commit marker."""
@@ -395,204 +343,6 @@ class ArtifactStore:
         finally:
             partial.unlink(missing_ok=True)
         return target
-
-    def stage_problems(self, run_id: str, update: int, stage: str) -> tuple[list[CorruptArtifact], int, int]:
-        """Re-check every file of a committed stage by streaming it: (problems, files checked, bytes)."""
-        try:
-            marker = self._require_marker(run_id, update, stage)
-        except CorruptArtifact as exc:
-            return [exc], 0, 0
-        layout = RunLayout(run_id)
-        problems: list[CorruptArtifact] = []
-        total = 0
-        for name in sorted(marker["files"]):
-            try:
-                digest = self.objects.digest(layout.data_key(update, stage, marker["attempt"], name))
-                total += digest.size
-                self._check_digest(marker, name, digest)
-            except ObjectMissing:
-                problems.append(CorruptArtifact(run_id, update, stage, name, "file missing from the store"))
-            except CorruptArtifact as exc:
-                problems.append(exc)
-        return problems, len(marker["files"]), total
-
-    def verify(self, run_id: str) -> VerifyReport:
-        """Re-check every checksum of every committed stage of a run."""
-        self.read_run(run_id)
-        report = VerifyReport()
-        for update, stages in self.ledger_entries(run_id).items():
-            for stage in stages:
-                problems, files, size = self.stage_problems(run_id, update, stage)
-                report.stages += 1
-                report.files += files
-                report.bytes += size
-                report.problems.extend(problems)
-        return report
-
-    def invalidate(self, run_id: str, update: int, stage: str, *, force: bool = False) -> dict[str, Any]:
-        """Move a corrupt commit's marker aside (to quarantine/, never deleted) so the stage can be redone.
-
-        Refuses (StoreError) when every file checks out, unless `force`. Returns the quarantine record.
-        """
-        layout = RunLayout(run_id)
-        key = layout.marker(update, stage)
-        current = self.objects.get_versioned(key)
-        if current is None:
-            raise NotCommitted(run_id, update, stage)
-        problems, _, _ = self.stage_problems(run_id, update, stage)
-        if not problems and not force:
-            raise StoreError(
-                f"refusing to invalidate run {run_id!r} update {update} stage {stage!r}: every file "
-                "checks out against its marker; pass force=True (--force) to recompute a healthy stage anyway"
-            )
-        tag = new_attempt_id()
-        record = {
-            "invalidated_at": utc_now(),
-            "forced": force,
-            "problems": [str(problem) for problem in problems],
-            "marker_raw": current.data.decode("utf-8", errors="replace"),
-        }
-        self.objects.put_bytes(layout.quarantined(update, stage, tag), to_json_bytes(record))
-        if not self.objects.delete_if_match(key, current.etag):
-            raise StoreError(
-                f"the marker of run {run_id!r} update {update} stage {stage!r} changed while "
-                "invalidating it; check it again"
-            )
-        log.warning("invalidated run %s update %d stage %s: %s", run_id, update, stage, record["problems"])
-        return record
-
-    # -- garbage collection ------------------------------------------------------------------------
-
-    def _live_attempt_dirs(self, run_id: str) -> tuple[set[str], set[tuple[int, str]]]:
-        """Attempt folders named by a marker (committed or quarantined), and stages whose marker is unreadable
-        (all of whose attempts are kept, to be safe)."""
-        layout = RunLayout(run_id)
-        live: set[str] = set()
-        unsure: set[tuple[int, str]] = set()
-        for update, stages in self.ledger_entries(run_id).items():
-            for stage in stages:
-                try:
-                    marker = self._require_marker(run_id, update, stage)
-                    live.add(layout.attempt_dir(update, stage, marker["attempt"]))
-                except (CorruptArtifact, NotCommitted):
-                    unsure.add((update, stage))
-        for info in self.objects.list(layout.quarantine_root):
-            parts = info.key[len(layout.quarantine_root) :].split("/")
-            try:
-                update, stage = int(parts[0]), parts[1]
-                raw = from_json_bytes(self.objects.get_bytes(info.key))["marker_raw"].encode()
-                marker = _parse_marker(raw, run_id, update, stage)
-                live.add(layout.attempt_dir(update, stage, marker["attempt"]))
-            except (ValueError, IndexError, KeyError, TypeError, StoreError):
-                if len(parts) > 1 and parts[0].isdigit():
-                    unsure.add((int(parts[0]), parts[1]))
-        return live, unsure
-
-    @staticmethod
-    def _attempt_dir_of(layout: RunLayout, key: str) -> tuple[str, int, str] | None:
-        """(attempt folder key ending in '/', update, stage) of a data key, or None if not one."""
-        parts = key[len(layout.root) :].split("/")
-        if parts[0] == "updates" and len(parts) >= 5 and parts[1].isdigit():
-            return layout.root + "/".join(parts[:4]) + "/", int(parts[1]), parts[2]
-        if parts[0] == "checkpoints" and len(parts) >= 4 and parts[1].isdigit():
-            return layout.root + "/".join(parts[:3]) + "/", int(parts[1]), keys.CHECKPOINT_STAGE
-        return None
-
-    def gc(self, run_id: str, *, min_age_s: float = DEFAULT_GC_MIN_AGE_S, dry_run: bool = False) -> GcReport:
-        """Delete attempt folders no marker names (lost races, killed writers) once older than `min_age_s`.
-
-        The age guard protects an attempt still uploading (its marker does not exist yet); run gc while
-        holding the run's lease (the CLI does) so that no driver is working on the run.
-        """
-        layout = RunLayout(run_id)
-        self.read_run(run_id)
-        live, unsure = self._live_attempt_dirs(run_id)
-        folders: dict[str, tuple[float, int, bool]] = {}
-        now = datetime.now(UTC).timestamp()
-        for data_root in layout.data_roots:
-            for info in self.objects.list(data_root):
-                found = self._attempt_dir_of(layout, info.key)
-                if found is None:
-                    continue
-                folder, update, stage = found
-                newest, size, keep = folders.get(folder, (0.0, 0, False))
-                keep = keep or (update, stage) in unsure
-                folders[folder] = (max(newest, info.modified), size + info.size, keep)
-        report = GcReport()
-        for folder, (newest, size, keep) in sorted(folders.items()):
-            relative = folder[len(layout.root) :]
-            if folder in live or keep:
-                continue
-            if now - newest < min_age_s:
-                report.kept_young.append(relative)
-                continue
-            report.removed.append(relative)
-            report.bytes += size
-            if not dry_run:
-                for info in list(self.objects.list(folder)):
-                    self.objects.delete(info.key)
-                self.objects.prune_empty(folder)
-        return report
-
-    # -- metrics and attempts ----------------------------------------------------------------------
-
-    def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
-        """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""
-        self.objects.append(RunLayout(run_id).metrics, to_json_bytes(record) + b"\n")
-
-    def read_metrics(self, run_id: str) -> list[dict[str, Any]]:
-        """All metric records in append order; a line torn by a crash mid-append is skipped with a warning."""
-        try:
-            raw = self.objects.get_bytes(RunLayout(run_id).metrics)
-        except ObjectMissing:
-            return []
-        records = []
-        for number, line in enumerate(raw.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                records.append(from_json_bytes(line))
-            except FormatError:
-                log.warning("skipping unreadable line %d of %s metrics.jsonl (torn write?)", number, run_id)
-        return records
-
-    def record_attempt(
-        self,
-        run_id: str,
-        update: int,
-        stage: str,
-        record: Mapping[str, Any],
-        *,
-        attempt_id: str | None = None,
-    ) -> str:
-        """Store one attempt's record (job_id, host, pid, start, end, outcome, ...); returns its id.
-
-        Pass the returned `attempt_id` again to replace the record (e.g. once the attempt ends).
-        """
-        layout = RunLayout(run_id)
-        attempt_id = keys.attempt(attempt_id) if attempt_id else new_attempt_id()
-        document = {**record, "attempt_id": attempt_id, "update": update, "stage": keys.stage(stage)}
-        self.objects.put_bytes(layout.attempt_record(update, stage, attempt_id), to_json_bytes(document))
-        return attempt_id
-
-    def attempts(
-        self, run_id: str, update: int | None = None, stage: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Attempt records, oldest first within each (update, stage); filtered by update and stage."""
-        layout = RunLayout(run_id)
-        prefix = layout.attempts_root
-        if update is not None:
-            prefix += f"{keys.update(update):06d}/"
-            if stage is not None:
-                prefix += f"{keys.stage(stage)}/"
-        records = []
-        for info in self.objects.list(prefix):
-            record = from_json_bytes(self.objects.get_bytes(info.key))
-            if stage is None or record.get("stage") == stage:
-                records.append(record)
-        return sorted(
-            records, key=lambda r: (r.get("update", 0), r.get("stage", ""), r.get("attempt_id", ""))
-        )
 
     # -- lease -------------------------------------------------------------------------------------
 

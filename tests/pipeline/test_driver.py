@@ -17,6 +17,7 @@ import yaml
 from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV
 from probepo.pipeline import LeaseKeeper, train
 from probepo.preemption import PREEMPTED_EXIT, Preempted
+from probepo.presets import with_overrides
 from probepo.store import ArtifactStore, LeaseHeld, LeaseLost, RunConfigMismatch, acquire_lease
 from probepo.store.formats import to_json_bytes
 from probepo.store.keys import RunLayout
@@ -58,7 +59,7 @@ def _wait_for_mark(mark: Path, process: subprocess.Popen | None = None) -> int:
         assert process is None or process.poll() is None, process.communicate()
         assert time.monotonic() < deadline, "the stage never reached its pause point"
         time.sleep(0.05)
-    return int(mark.read_text())
+    return int(mark.read_text().split()[0])
 
 
 def test_a_real_sigusr2_commits_the_minibatch_then_raises_preempted(warm_store, monkeypatch, tmp_path):
@@ -158,3 +159,46 @@ def test_resume_of_a_recipe_this_version_cannot_read_is_one_line_and_exit_2(warm
     first = result.stderr.splitlines()[0]
     assert first.startswith("error: ") and "algo.kapa" in first and "algo.kappa" in first
     assert "start a new run id" in result.stderr
+
+
+def test_a_probe_preempted_between_shards_resumes_after_its_last_shard_bitwise(
+    warm_store, monkeypatch, tmp_path
+):
+    """Sample and probe commit each decoded chunk as a shard: a preempted probe stops after one and its
+    next attempt decodes only the chunks after it, ending bitwise where an uninterrupted run ends."""
+    config = with_overrides(tiny_config("probepo", num_updates=1), **{"sampling.batch_rows": 6})
+    train(config, "sharded-whole", store=warm_store)
+    assert (
+        len([s for s in warm_store.committed_stages("sharded-whole", 0) if s.startswith("sample.shard-")])
+        == 4
+    )
+    mark = tmp_path / "paused"
+    monkeypatch.setenv(PAUSE_ENV, "0:probe.shard-0000:after-commit")
+    monkeypatch.setenv(PAUSE_MARK_ENV, str(mark))
+    sender = threading.Thread(target=lambda: os.kill(_wait_for_mark(mark), signal.SIGUSR2), daemon=True)
+    sender.start()
+    with pytest.raises(Preempted, match=r"probe\.shard-0000 of update 0"):
+        train(config, "sharded", store=warm_store)
+    sender.join()
+    monkeypatch.delenv(PAUSE_ENV)
+    train(config, "sharded", store=warm_store)
+    attempts = warm_store.attempts("sharded", 0, "probe")
+    assert [a["outcome"] for a in attempts] == ["preempted", "committed"]
+    assert attempts[-1]["resumed_at_shard"] == 1 and attempts[-1]["shards_run"] >= 1
+    for name in ("model.safetensors", "optimizer.safetensors"):
+        assert (
+            warm_store.read_stage("sharded", 1, "checkpoint")[name]
+            == warm_store.read_stage("sharded-whole", 1, "checkpoint")[name]
+        )
+
+
+def test_a_recipe_made_before_a_field_existed_still_resumes(warm_store):
+    """A field added since takes its default, which keeps what older code computed: same recipe."""
+    config = tiny_config("grpo", num_updates=0)
+    train(config, "older", store=warm_store)
+    record = warm_store.read_run("older")
+    del record["config"]["sampling"]["batch_rows"]
+    warm_store.objects.put_bytes(RunLayout("older").run_json, to_json_bytes(record))
+    train(config, "older", store=warm_store)  # no RunConfigMismatch
+    with pytest.raises(RunConfigMismatch, match=r"config\.algo\.algorithm"):
+        train(tiny_config("probepo", num_updates=0), "older", store=warm_store)

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from probepo.config import RunConfig
-from probepo.presets import load_run_config
+from probepo.presets import load_profile, load_run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -30,3 +30,9 @@ def test_dotted_overrides_and_errors_name_the_file_and_field(tmp_path):
         load_run_config(bad)
     with pytest.raises(ValueError, match="rescue_suffix"):
         load_run_config(CONFIGS / "cpu-demo.yaml", {"algo.rescue_suffix": "\\boxed{"})
+
+
+@pytest.mark.parametrize("path", sorted((CONFIGS / "profiles").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_execution_profile_is_valid(path):
+    profile = load_profile(path)
+    assert profile.resources("optimize").time_min >= 1

@@ -155,3 +155,19 @@ def test_probes_of_mixed_prefix_lengths_stay_inside_the_context():
     continuations = engine.continue_from(prefixes, 2, params, 0, budgets)
     assert [[len(c.ids) for c in row] for row in continuations] == [[b, b] for b in budgets]
     assert all(c.finish_reason == "length" for row in continuations for c in row)
+
+
+def test_a_call_resumed_after_any_chunk_is_bitwise_the_uninterrupted_one(engine):
+    """Chunks are the safe points of sample and probe: a stage commits each with the engine's state, and a
+    call resumed from them draws exactly what the uninterrupted call drew."""
+    small = TorchGenerationEngine(engine.model, max_batch_rows=6)  # 3 prefixes × 2 samples per chunk
+    params = SamplingParams(temperature=1.0, max_tokens=12, stop_token_ids=(EOS,))
+    reports = []
+    whole = small.generate(prompts(8), 2, params, 7, on_chunk=lambda *report: reports.append(report))
+    assert [chunk for chunk, _, _ in reports] == small.chunks(prompts(8), 2) and len(reports) == 3
+    for cut in range(1, len(reports)):
+        done = {i: row for chunk, rows, _ in reports[:cut] for i, row in zip(chunk, rows, strict=True)}
+        resumed = small.generate(prompts(8), 2, params, 7, done=done, state=reports[cut - 1][2])
+        assert resumed == whole
+    with pytest.raises(ValueError, match="not the first chunks"):
+        small.generate(prompts(8), 2, params, 7, done={7: whole[7]}, state=reports[0][2])

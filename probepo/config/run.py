@@ -1,22 +1,12 @@
-"""Every configuration model of the project, in one place.
-
-The same pydantic models are the YAML presets in `configs/`, the CLI's input and the Prefect flows'
-parameters (each field's docstring becomes the help text of the UI form). Invalid values are rejected
-with a message that names the field; `probepo.presets` loads presets and words the errors for users.
-"""
+"""The recipe of a run: everything that decides what is computed (frozen in the store's run.json)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class _Strict(BaseModel):
-    """Base: unknown fields are errors (a typo in a preset must not be silently ignored), and a config is
-    immutable (a run's recipe is frozen in the store): derive a changed one with `with_overrides`."""
-
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+from probepo.config.base import Strict as _Strict
 
 
 class AlgoConfig(_Strict):
@@ -186,6 +176,11 @@ class SamplingConfig(_Strict):
 
     max_tokens: int = Field(64, ge=1)
     """Most response tokens per sample, the stop token included."""
+
+    batch_rows: int = Field(256, ge=1)
+    """Rows (prefixes × samples) the CPU engine decodes together, in chunks of prefixes sorted by length.
+    Part of the recipe: the random stream depends on it. Each chunk of sample and probe is committed as a
+    shard, the safe point at which a preempted stage stops and resumes."""
 
 
 class OptimConfig(_Strict):

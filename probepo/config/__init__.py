@@ -1,0 +1,32 @@
+"""Every configuration model of the project, in one place: the run's recipe (`run.py`: what is computed)
+and the execution profile (`execution.py`: where each stage runs, never part of the recipe).
+
+The same pydantic models are the YAML presets in `configs/`, the CLI's input and the Prefect flows'
+parameters (each field's docstring becomes the help text of the UI form). Invalid values are rejected
+with a message that names the field; `probepo.presets` loads presets and words the errors for users.
+"""
+
+from probepo.config.execution import ExecutionProfile, StageResources
+from probepo.config.run import (
+    AlgoConfig,
+    EvalConfig,
+    ModelConfig,
+    OptimConfig,
+    RunConfig,
+    SamplingConfig,
+    TaskConfig,
+    WarmupConfig,
+)
+
+__all__ = [
+    "AlgoConfig",
+    "EvalConfig",
+    "ExecutionProfile",
+    "ModelConfig",
+    "OptimConfig",
+    "RunConfig",
+    "SamplingConfig",
+    "StageResources",
+    "TaskConfig",
+    "WarmupConfig",
+]

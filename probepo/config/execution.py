@@ -1,0 +1,161 @@
+"""The execution profile: where and with what resources each stage runs (SLURM partition, GPUs, memory,
+time, signal grace, setup lines), the job folder and the environment jobs may see.
+
+It is not part of a run's recipe: the recipe says what is computed, the profile where. A run may resume
+on another partition or executor and gives the same bits.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from probepo.config.base import Strict
+from probepo.schedule import CHECKPOINT, EVALUATE, TRAINING_STAGES, WARMUP
+
+Stage = Literal[
+    "warmup", "checkpoint", "evaluate", "sample", "score", "select", "probe", "advantage", "optimize"
+]
+assert set(Stage.__args__) == {WARMUP, CHECKPOINT, EVALUATE, *TRAINING_STAGES}  # type: ignore[attr-defined]
+
+DEFAULT_ENV_ALLOW = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LC_ALL",
+    "TZ",
+    "TMPDIR",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "PYTHONPATH",
+    "VIRTUAL_ENV",
+    "AWS_PROFILE",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT_URL_S3",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_CONFIG_FILE",
+    "AWS_CA_BUNDLE",
+    "AWS_MAX_ATTEMPTS",
+    "AWS_RETRY_MODE",
+    "HF_HOME",
+    "HF_HUB_OFFLINE",
+    "TRANSFORMERS_OFFLINE",
+    "TORCH_EXTENSIONS_DIR",
+    "PROBEPO_*",
+)
+"""What a job sees of the submitting environment by default: paths, locale, thread counts (bitwise
+equality depends on them), where the AWS settings and credential files are, and probepo's own settings.
+Never credentials themselves: a job reaches S3 through a shared credentials file or an instance role."""
+
+_SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL(?!S_FILE)|^AWS_ACCESS_KEY_ID$", re.IGNORECASE)
+
+
+class StageResources(Strict):
+    """What one stage's job asks SLURM for (sbatch options). The local executor uses none of them but
+    the signal grace; inline execution none at all."""
+
+    partition: str | None = None
+    """SLURM partition (sbatch --partition); None: the cluster's default."""
+
+    account: str | None = None
+    """Account charged (sbatch --account); None: the user's default."""
+
+    qos: str | None = None
+    """Quality of service (sbatch --qos)."""
+
+    nodes: int = Field(1, ge=1)
+    """Nodes per job (sbatch --nodes)."""
+
+    tasks_per_node: int = Field(1, ge=1)
+    """Ranks per node; each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
+    torch.distributed and DeepSpeed expect."""
+
+    gpus_per_node: int = Field(0, ge=0)
+    """GPUs per node (sbatch --gpus-per-node); 0: none."""
+
+    cpus_per_task: int = Field(1, ge=1)
+    """CPUs per rank (sbatch --cpus-per-task)."""
+
+    mem_gb: float | None = Field(None, gt=0)
+    """Memory per node in GB (sbatch --mem); None: the partition's default."""
+
+    time_min: int = Field(60, ge=1)
+    """Wall-clock limit in minutes (sbatch --time); a job past it is sent the signal, then killed."""
+
+    signal_grace_s: int = Field(60, ge=1)
+    """Seconds of warning (sbatch --signal=USR2@<s>): SLURM sends USR2 this long before the time limit,
+    and at preemption. The stage commits at its next safe point, then the job requeues itself."""
+
+    constraint: str | None = None
+    """Node features required (sbatch --constraint), e.g. `h200`."""
+
+    setup: tuple[str, ...] = ()
+    """Shell lines run before the job starts, e.g. `module load cuda/12.4` or `source venv/bin/activate`."""
+
+
+class ExecutionProfile(Strict):
+    """Resources per stage for the local and SLURM executors, and what every job shares. A stage's
+    resources are its entry in `stages` over `defaults`, built afresh for every submission."""
+
+    job_folder: str = "out/jobs"
+    """submitit's folder (job scripts, pickled submissions, logs), one subfolder per run. On a cluster it
+    must be shared by the submitting node and the compute nodes (not /tmp)."""
+
+    env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
+    """Names of the environment variables a job receives (sbatch --export), `PREFIX_*` patterns allowed.
+    Names of credentials (…SECRET…, …TOKEN…, AWS_ACCESS_KEY_ID, …) are refused."""
+
+    defaults: StageResources = Field(default_factory=StageResources)
+    """Resources of every stage not listed in `stages`, and of the fields a listed stage leaves out."""
+
+    stages: dict[Stage, StageResources] = Field(default_factory=dict)
+    """Per-stage resources over `defaults`: only the fields given here override, e.g. `optimize:
+    {gpus_per_node: 8, partition: h200}`."""
+
+    max_resubmits: int = Field(2, ge=0)
+    """A job that died without committing (node failure, out of memory, SIGKILL, time limit) is submitted
+    again at most this many times; a stage's own error is never resubmitted."""
+
+    poll_s: float = Field(1.0, gt=0)
+    """Seconds between the driver's polls of its jobs' states (one batched sacct call per poll)."""
+
+    @field_validator("env_allow")
+    @classmethod
+    def _no_secrets(cls, names: tuple[str, ...]) -> tuple[str, ...]:
+        secrets = [name for name in names if _SECRET.search(name)]
+        if secrets:
+            raise ValueError(
+                f"{', '.join(secrets)} would hand credentials to every job: drop them; jobs reach S3 through"
+                " a shared credentials file (AWS_SHARED_CREDENTIALS_FILE) or an instance role"
+            )
+        return names
+
+    @model_validator(mode="after")
+    def _every_stage_resolves(self) -> ExecutionProfile:
+        for stage in self.stages:
+            self.resources(stage)
+        return self
+
+    def resources(self, stage: str) -> StageResources:
+        """The stage's resources: a fresh object, so nothing set for one submission leaks into another."""
+        override = self.stages.get(stage)  # type: ignore[call-overload]
+        given = (
+            {} if override is None else {name: getattr(override, name) for name in override.model_fields_set}
+        )
+        return StageResources.model_validate({**self.defaults.model_dump(), **given})
+
+    def exported(self, environ: dict[str, str]) -> dict[str, str]:
+        """The variables of `environ` a job receives: the allowed names and patterns, credentials never."""
+        return {
+            name: value
+            for name, value in environ.items()
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_allow)
+            and not _SECRET.search(name)
+        }

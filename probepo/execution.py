@@ -1,0 +1,112 @@
+"""How a stage gets run: the driver loop (`probepo.pipeline.train`) hands each stage the ledger lacks to a
+stage runner. `InlineRunner` runs it in the driver's process; the runners of `slurm/` submit it as a job
+(a subprocess, or a SLURM job) that runs `execute_stage` there. Whichever runs it, the stage commits to the
+store, and the store's create-only markers, never the runner, make each stage count exactly once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import cached_property
+from pathlib import Path
+from typing import Any, Protocol
+
+from probepo.config import RunConfig
+from probepo.preemption import Preempted
+from probepo.stages import STAGES
+from probepo.stages.context import StageContext
+from probepo.store import AlreadyCommitted, ArtifactStore, open_store
+
+JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID")
+"""Where a job finds its own id (SLURM's, or submitit's local executor's: the controller's pid)."""
+
+
+def now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def current_job_id() -> str | None:
+    """The id of the job this process runs in, or None outside a job."""
+    return next((os.environ[name] for name in JOB_ID_VARIABLES if os.environ.get(name)), None)
+
+
+@dataclass(frozen=True)
+class StageRequest:
+    """One stage of one update, in a form that travels to a job: plain strings, and no secret (the store
+    URL names a bucket or a folder; credentials come from the job's own environment)."""
+
+    store_url: str
+    run_id: str
+    update: int
+    stage: str
+    config_json: str
+    """The run's RunConfig as JSON (a warm-up run's too: the warm-up reads its settings from it)."""
+
+    @cached_property
+    def config(self) -> RunConfig:
+        return RunConfig.model_validate_json(self.config_json)
+
+    @classmethod
+    def of(cls, ctx: StageContext, stage: str) -> StageRequest:
+        return cls(ctx.store.url, ctx.run_id, ctx.update, stage, ctx.config.model_dump_json())
+
+    def describe(self) -> str:
+        return f"stage {self.stage} of update {self.update} of run {self.run_id}"
+
+    def context(self, store: ArtifactStore | None, scratch: Path, should_stop: Any) -> StageContext:
+        """The stage's context in the process that runs it (opening the store unless given)."""
+        store = store or open_store(self.store_url)
+        return StageContext(store, self.run_id, self.update, self.config, scratch, should_stop=should_stop)
+
+
+class StageRunner(Protocol):
+    """Runs one stage so that it ends committed to the store, or raises: Preempted when it stopped at a
+    safe point (its progress committed), another exception naming what failed otherwise."""
+
+    def run(self, request: StageRequest, ctx: StageContext) -> None:
+        """`ctx` is the driver's own context of the stage (its store, scratch folder and stop flag)."""
+        ...
+
+
+def execute_stage(ctx: StageContext, stage: str) -> None:
+    """One attempt at a stage, in this process: the stage function, recorded in the store.
+
+    The record is written as "running" before the stage starts (so an attempt killed outright is still
+    visible, with its job id, host and pid) and replaced with its outcome when it ends: committed,
+    lost-race (another attempt committed first: its commit is the truth), preempted, or failed.
+    """
+    store, run_id, update = ctx.store, ctx.run_id, ctx.update
+    record: dict[str, Any] = {
+        "job_id": current_job_id(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "start": now(),
+        "outcome": "running",
+    }
+    attempt = store.record_attempt(run_id, update, stage, record)
+    ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
+    try:
+        STAGES[stage](ctx)
+        record["outcome"] = "committed"
+    except AlreadyCommitted:
+        record["outcome"] = "lost-race"
+    except Preempted:
+        record["outcome"] = "preempted"
+        raise
+    except BaseException as exc:
+        record["outcome"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+        raise
+    finally:
+        record.update(ctx.attempt_notes, end=now())
+        store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
+
+
+class InlineRunner:
+    """Runs each stage in the driver's own process (the default: demos, tests, one machine)."""
+
+    def run(self, request: StageRequest, ctx: StageContext) -> None:
+        execute_stage(ctx, request.stage)

@@ -1,0 +1,132 @@
+"""What a run records beside its commits: metrics, the attempts at each stage, the jobs submitted for
+them, and the extensions of its number of updates. Small JSON documents, each under its own key."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from probepo.store import keys
+from probepo.store.errors import FormatError, ObjectMissing
+from probepo.store.formats import from_json_bytes, to_json_bytes
+from probepo.store.keys import RunLayout, new_attempt_id, utc_now
+
+if TYPE_CHECKING:
+    from probepo.store.objects import ObjectStore
+
+log = logging.getLogger("probepo.store")
+
+
+class RunRecords:
+    """Records of a run (mixed into ArtifactStore, which provides `objects`, `read_run` and ids)."""
+
+    objects: ObjectStore
+
+    def extend_run(self, run_id: str, *, from_updates: int, to_updates: int) -> dict[str, Any]:
+        """Record (create-only) that the run's number of updates was raised; returns the record. Writing
+        the same extension again returns the existing record."""
+        self.read_run(run_id)
+        record = {
+            "from": from_updates,
+            "to": to_updates,
+            "at": utc_now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        key = RunLayout(run_id).extension(to_updates)
+        if self.objects.put_if_absent(key, to_json_bytes(record)) is None:
+            return from_json_bytes(self.objects.get_bytes(key))
+        return record
+
+    def extensions(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's extensions, oldest (fewest updates) first."""
+        layout = RunLayout(run_id)
+        found = [
+            from_json_bytes(self.objects.get_bytes(i.key)) for i in self.objects.list(layout.extensions_root)
+        ]
+        return sorted(found, key=lambda record: record["to"])
+
+    def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
+        """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""
+        self.objects.append(RunLayout(run_id).metrics, to_json_bytes(record) + b"\n")
+
+    def read_metrics(self, run_id: str) -> list[dict[str, Any]]:
+        """All metric records in append order; a line torn by a crash mid-append is skipped with a warning."""
+        try:
+            raw = self.objects.get_bytes(RunLayout(run_id).metrics)
+        except ObjectMissing:
+            return []
+        records = []
+        for number, line in enumerate(raw.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                records.append(from_json_bytes(line))
+            except FormatError:
+                log.warning("skipping unreadable line %d of %s metrics.jsonl (torn write?)", number, run_id)
+        return records
+
+    def record_attempt(
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        record: Mapping[str, Any],
+        *,
+        attempt_id: str | None = None,
+    ) -> str:
+        """Store one attempt's record (job_id, host, pid, start, end, outcome, ...); returns its id.
+
+        Pass the returned `attempt_id` again to replace the record (e.g. once the attempt ends).
+        """
+        layout = RunLayout(run_id)
+        attempt_id = keys.attempt(attempt_id) if attempt_id else new_attempt_id()
+        document = {**record, "attempt_id": attempt_id, "update": update, "stage": keys.stage(stage)}
+        self.objects.put_bytes(layout.attempt_record(update, stage, attempt_id), to_json_bytes(document))
+        return attempt_id
+
+    def attempts(
+        self, run_id: str, update: int | None = None, stage: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Attempt records, oldest first within each (update, stage); filtered by update and stage."""
+        return self._records(RunLayout(run_id).attempts_root, "attempt_id", update, stage)
+
+    def record_job(
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        record: Mapping[str, Any],
+        *,
+        submission_id: str | None = None,
+    ) -> str:
+        """Store the driver's record of one job submitted for a stage (executor, job id, state, node,
+        resubmissions, ...); returns its id. Written before the driver waits on the job, it is how a
+        restarted driver re-attaches instead of submitting again. Pass `submission_id` to replace it."""
+        layout = RunLayout(run_id)
+        submission_id = keys.attempt(submission_id) if submission_id else new_attempt_id()
+        document = {**record, "submission_id": submission_id, "update": update, "stage": keys.stage(stage)}
+        self.objects.put_bytes(layout.job_record(update, stage, submission_id), to_json_bytes(document))
+        return submission_id
+
+    def jobs(self, run_id: str, update: int | None = None, stage: str | None = None) -> list[dict[str, Any]]:
+        """Job records, oldest first within each (update, stage); filtered by update and stage."""
+        return self._records(RunLayout(run_id).jobs_root, "submission_id", update, stage)
+
+    def _records(
+        self, root: str, id_field: str, update: int | None, stage: str | None
+    ) -> list[dict[str, Any]]:
+        prefix = root
+        if update is not None:
+            prefix += f"{keys.update(update):06d}/"
+            if stage is not None:
+                prefix += f"{keys.stage(stage)}/"
+        records = []
+        for info in self.objects.list(prefix):
+            record = from_json_bytes(self.objects.get_bytes(info.key))
+            if stage is None or record.get("stage") == stage:
+                records.append(record)
+        return sorted(records, key=lambda r: (r.get("update", 0), r.get("stage", ""), r.get(id_field, "")))

@@ -1,0 +1,144 @@
+"""What SLURM says of jobs: one batched `sacct` call per poll for every live job, `squeue` for what
+accounting has not caught up with, and the checks that SLURM is there at all before anything is submitted.
+
+States are read explicitly. A job is *alive* while SLURM may still run it (pending, running, completing,
+requeued, or preempted and put back in the queue); an *ended* job is COMPLETED, FAILED, CANCELLED,
+TIMEOUT, OUT_OF_MEMORY, NODE_FAIL, BOOT_FAIL or DEADLINE with nothing of it left in the queue. Whether it
+committed is the store's to say, never the scheduler's.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+ALIVE = frozenset(
+    {
+        "PENDING",
+        "CONFIGURING",
+        "RUNNING",
+        "COMPLETING",
+        "REQUEUED",
+        "REQUEUE_FED",
+        "REQUEUE_HOLD",
+        "RESIZING",
+        "SIGNALING",
+        "STAGE_OUT",
+        "SUSPENDED",
+    }
+)
+START_GRACE_S = 120.0
+"""A job submitted this recently and not yet in accounting or the queue counts as pending."""
+START_HINT = 'start the test cluster with `eval "$(bash infra/slurm/start.sh)"` (infra/slurm/README.md)'
+
+
+class SlurmUnavailable(RuntimeError):
+    """No SLURM here, or its controller does not answer: nothing can be submitted."""
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job as SLURM reports it."""
+
+    job_id: str
+    state: str
+    exit_code: str = ""
+    node: str = ""
+    elapsed: str = ""
+
+    @property
+    def alive(self) -> bool:
+        return self.state in ALIVE
+
+
+def _run(command: list[str], timeout_s: float = 30.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False)
+
+
+def check_slurm() -> None:
+    """Fail fast, naming what is missing and how to get it: sbatch on PATH, and slurmctld answering."""
+    missing = [tool for tool in ("sbatch", "sacct", "squeue", "scontrol") if shutil.which(tool) is None]
+    if missing:
+        raise SlurmUnavailable(
+            f"--executor slurm needs SLURM's commands, and {', '.join(missing)} is not on PATH: run on a"
+            f" cluster's login node, or {START_HINT}"
+        )
+    try:
+        ping = _run(["scontrol", "ping"], timeout_s=20.0)
+    except subprocess.TimeoutExpired:
+        raise SlurmUnavailable(
+            f"slurmctld did not answer `scontrol ping` within 20 s: {START_HINT}"
+        ) from None
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        said = (ping.stdout + ping.stderr).strip().splitlines()
+        raise SlurmUnavailable(
+            f"slurmctld is not answering (`scontrol ping`: {said[-1] if said else 'no output'}): {START_HINT}"
+        )
+
+
+def _base_id(job_id: str) -> str:
+    return job_id.split(".", 1)[0]
+
+
+def _sacct(job_ids: list[str]) -> dict[str, JobInfo] | None:
+    """The allocations' accounting records (None when accounting does not answer)."""
+    result = _run(
+        ["sacct", "-X", "-n", "-P", "-o", "JobID,State,ExitCode,NodeList,Elapsed", "-j", ",".join(job_ids)]
+    )
+    if result.returncode != 0:
+        return None
+    found: dict[str, JobInfo] = {}
+    for line in result.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) < 5:
+            continue
+        job_id, state, exit_code, node, elapsed = fields[:5]
+        found[_base_id(job_id)] = JobInfo(
+            job_id, state.split()[0] if state else "UNKNOWN", exit_code, node, elapsed
+        )
+    return found
+
+
+def _squeue(job_ids: list[str]) -> dict[str, JobInfo]:
+    """What the queue holds of these jobs (pending, running, requeued...)."""
+    result = _run(["squeue", "-h", "-o", "%i|%T|%N|%M", "-j", ",".join(job_ids)])
+    found: dict[str, JobInfo] = {}
+    for line in result.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) >= 4:
+            found[_base_id(fields[0])] = JobInfo(fields[0], fields[1], "", fields[2], fields[3])
+    return found
+
+
+def job_states(job_ids: Iterable[str], submitted_at: dict[str, float] | None = None) -> dict[str, JobInfo]:
+    """The state of each job: from one sacct call for all of them; the queue is asked about those that
+    accounting reports ended or does not know yet (a requeued job's old record can still say NODE_FAIL, and
+    accounting lags the queue by a few seconds)."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    accounted = _sacct(ids) or {}
+    unsure = [i for i in ids if i not in accounted or not accounted[i].alive]
+    queued = _squeue(unsure) if unsure else {}
+    states: dict[str, JobInfo] = {}
+    now = time.time()
+    for job_id in ids:
+        if job_id in queued:  # back in (or still in) the queue, whatever its last accounting record says
+            states[job_id] = queued[job_id]
+        elif job_id in accounted:
+            states[job_id] = accounted[job_id]
+        elif now - (submitted_at or {}).get(job_id, 0.0) < START_GRACE_S:
+            states[job_id] = JobInfo(job_id, "PENDING")
+        else:
+            states[job_id] = JobInfo(job_id, "UNKNOWN")
+    return states
+
+
+def cancel(job_ids: Iterable[str]) -> None:
+    """scancel the jobs (ended ones are ignored by SLURM)."""
+    ids = sorted(set(job_ids))
+    if ids:
+        _run(["scancel", *ids])

@@ -1,0 +1,79 @@
+"""What runs inside a stage's job (local subprocess or SLURM): the preemption-aware wrapper.
+
+submitit's own handlers do not fit a stage: on USR2 they checkpoint and exit at once, and they ignore
+SIGTERM, so nothing waits for a stage to commit. Here USR2 and SIGTERM raise the stage's stop flag; the
+stage commits its progress at its next safe point (a shard of sample or probe, a mini-batch of optimize;
+the short stages simply rerun) and raises Preempted; then the job requeues itself (`scontrol requeue`),
+so the same job id runs again later and resumes from those commits. The local executor has no queue: its
+preempted job just ends, and the driver submits the stage again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from probepo.execution import StageRequest, current_job_id, execute_stage
+from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
+from slurm.ranks import job_ranks
+
+REQUEUED = "requeued"
+PREEMPTED = "preempted"
+COMMITTED = "committed"
+
+
+def _install_stop_flag() -> StopFlag:
+    """USR2 (SLURM's warning before a time limit or at preemption) and SIGTERM raise the flag, replacing
+    the handlers submitit installed before calling us."""
+    flag = StopFlag()
+
+    def _raise(signum: int, frame: object) -> None:
+        flag.raised = True
+
+    for signum in (signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, _raise)
+    return flag
+
+
+def requeue_self() -> bool:
+    """Put this SLURM job back in the queue (same job id, runs again later); False outside SLURM. A job
+    that SLURM is already requeueing (preempted, `scontrol requeue` from outside, its node failed) refuses
+    a second request; it goes back to the queue all the same."""
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if not job_id:
+        return False
+    asked = subprocess.run(["scontrol", "requeue", job_id], timeout=60, capture_output=True, text=True)
+    if asked.returncode != 0:
+        print(f"probepo: scontrol requeue {job_id}: {asked.stderr.strip()}", file=sys.stderr, flush=True)
+    return True
+
+
+def run_stage_job(request: StageRequest) -> str:
+    """Run one stage in this job; returns `committed` (also when an earlier run of the job committed it).
+    A preempted stage requeues its SLURM job and exits with PREEMPTED_EXIT, or ends `preempted` locally.
+    Ranks other than 0 of a multi-task job only get their rank environment (stages are single-process
+    today; distributed engines rendezvous through it)."""
+    flag = _install_stop_flag()
+    ranks = job_ranks()
+    ranks.export()
+    if ranks.rank != 0:
+        return COMMITTED
+    from probepo.store import open_store
+
+    store = open_store(request.store_url)
+    if store.committed(request.run_id, request.update, request.stage):
+        return COMMITTED
+    with tempfile.TemporaryDirectory(prefix=f"probepo-{request.run_id}-") as scratch:
+        try:
+            execute_stage(request.context(store, Path(scratch), flag), request.stage)
+        except Preempted as exc:
+            print(f"probepo: {exc}", file=sys.stderr, flush=True)
+            if requeue_self():
+                print(f"probepo: requeued job {current_job_id()}", file=sys.stderr, flush=True)
+                sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
+            return PREEMPTED
+    return COMMITTED

@@ -1,0 +1,80 @@
+"""The rank environment of a multi-task job, as torch.distributed and DeepSpeed expect it, and the one
+decision all ranks must share: whether to stop at this safe point."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PORT_BASE, PORT_SPAN = 20000, 20000
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """Where this process sits in its job."""
+
+    rank: int
+    local_rank: int
+    world_size: int
+    master_addr: str
+    master_port: int
+
+    def export(self) -> None:
+        """Set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`init_process_group(init_method=
+        "env://")` and DeepSpeed read them)."""
+        os.environ.update(
+            RANK=str(self.rank),
+            LOCAL_RANK=str(self.local_rank),
+            WORLD_SIZE=str(self.world_size),
+            MASTER_ADDR=self.master_addr,
+            MASTER_PORT=str(self.master_port),
+        )
+
+
+def job_ranks() -> Ranks:
+    """This task's ranks from submitit's view of the job (SLURM's SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS
+    and node list, or the local executor's equivalents). Rank 0's host is the rendezvous; the port derives
+    from the job id, so that jobs sharing a node do not collide and a requeued job finds the same one."""
+    import submitit
+
+    env = submitit.JobEnvironment()
+    digits = "".join(ch for ch in str(env.job_id) if ch.isdigit()) or "0"
+    return Ranks(
+        rank=env.global_rank,
+        local_rank=env.local_rank,
+        world_size=env.num_tasks,
+        master_addr=address_of(env.hostnames[0]),
+        master_port=PORT_BASE + int(digits) % PORT_SPAN,
+    )
+
+
+def address_of(node: str) -> str:
+    """An address other ranks can reach `node` at: its DNS name where it resolves (real clusters), else the
+    NodeAddr SLURM knows it by (a node name that is only SLURM's, as on the test cluster)."""
+    try:
+        socket.gethostbyname(node)
+        return node
+    except OSError:
+        pass
+    shown = subprocess.run(
+        ["scontrol", "show", "node", node, "-o"], capture_output=True, text=True, timeout=30
+    )
+    found = re.search(r"\bNodeAddr=(\S+)", shown.stdout)
+    return found.group(1) if found else node
+
+
+def agree_to_stop(should_stop: Callable[[], bool]) -> bool:
+    """Whether any rank was told to stop: all ranks take the same decision before a collective save (one
+    all-reduce when torch.distributed is initialised; the local flag otherwise)."""
+    import torch
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return should_stop()
+    flag = torch.tensor([1 if should_stop() else 0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bool(flag.item())

@@ -1,0 +1,195 @@
+"""The driver's side of a stage job: submit it (or re-attach to the one already in flight), record it in the
+store before waiting, watch it, and decide what its end means.
+
+- The job record (`jobs/<k>/<stage>/<submission>.json`: executor, job id, state, node) is written before
+  the driver waits, and updated as the job moves; a driver that starts while a stage's job is pending or
+  running (the id in its last record) waits for that job instead of submitting another.
+- The job's own attempt records (written by `execute_stage` inside it, with its job id) say what the stage
+  did: committed, preempted, failed (the stage's own error: never submitted again), or nothing at all
+  (killed outright, the node failed, out of memory, past its time limit: submitted again, at most
+  `max_resubmits` times). A preempted SLURM job requeued itself and is still alive: the driver keeps
+  waiting. Exactly-once comes from the store's markers, never from the scheduler.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from probepo.config import ExecutionProfile
+from probepo.execution import InlineRunner, StageRequest, StageRunner, now
+from probepo.preemption import Preempted
+from probepo.stages.context import StageContext
+from probepo.store import ArtifactStore
+from slurm.accounting import JobInfo
+from slurm.backends import Backend, backend_for, stderr_tail
+
+EXECUTORS = ("inline", "local", "slurm")
+
+
+class StageFailed(RuntimeError):
+    """A stage's job ended without committing and will not be submitted again: its own error, or it died
+    more often than the profile allows. Names the job id, its state, exit code and the tail of its stderr."""
+
+
+class DriverStopped(Preempted):
+    """The driver was told to stop (SIGTERM, SIGUSR2) while a stage's job was in flight. The job goes on;
+    `probepo resume` re-attaches to it."""
+
+
+class JobRunner:
+    """A StageRunner that runs each stage as a job of `backend`, with resources from `profile`."""
+
+    def __init__(self, backend: Backend, profile: ExecutionProfile) -> None:
+        self.backend, self.profile = backend, profile
+        self.submissions = 0
+        """Jobs this runner submitted (re-attaching submits nothing)."""
+
+    def run(self, request: StageRequest, ctx: StageContext) -> None:
+        store = ctx.store
+        job = self._in_flight(store, request)
+        died = 0
+        while True:
+            if job is None:
+                job = self._submit(store, request)
+            info = self._wait(store, request, job, ctx)
+            if store.committed(request.run_id, request.update, request.stage):
+                self._close(store, request, job, info, "committed")
+                return
+            outcome = self._job_outcome(store, request, job["job_id"])
+            tail = stderr_tail(Path(job["folder"]), job["job_id"])
+            where = (
+                f"{request.describe()}: job {job['job_id']} ended {info.state}"
+                f"{f' (exit {info.exit_code})' if info.exit_code else ''}"
+            )
+            if outcome.startswith("failed"):
+                self._close(store, request, job, info, outcome)
+                raise StageFailed(f"{where}, the stage {outcome}; end of its stderr:\n{tail}")
+            if outcome != "preempted":  # died without committing (or never started): submit again
+                died += 1
+                self._close(store, request, job, info, "died")
+                if died > self.profile.max_resubmits:
+                    raise StageFailed(
+                        f"{where} without committing, {died} times in a row (max_resubmits ="
+                        f" {self.profile.max_resubmits}); end of its stderr:\n{tail}"
+                    )
+            else:
+                self._close(store, request, job, info, "preempted")
+            job = None
+
+    def _in_flight(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any] | None:
+        """The stage's last job if no driver saw it end (a driver restarted mid-stage re-attaches to it)."""
+        records = [
+            r
+            for r in store.jobs(request.run_id, request.update, request.stage)
+            if r.get("executor") == self.backend.name
+        ]
+        # An open record whose job has ended since is judged like any other ending, by `run`.
+        return records[-1] if records and records[-1].get("outcome") == "open" else None
+
+    def _submit(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any]:
+        folder = Path(self.profile.job_folder).resolve() / request.run_id
+        resources = self.profile.resources(request.stage)
+        job_id = self.backend.submit(request, resources, folder)
+        self.submissions += 1
+        job: dict[str, Any] = {
+            "executor": self.backend.name,
+            "job_id": job_id,
+            "state": "SUBMITTED",
+            "node": None,
+            "folder": str(folder),
+            "submitted_at": now(),
+            "submitted_epoch": time.time(),
+            "resources": resources.model_dump(mode="json"),
+            "outcome": "open",
+        }
+        job["submission_id"] = store.record_job(request.run_id, request.update, request.stage, job)
+        return job
+
+    def _wait(
+        self, store: ArtifactStore, request: StageRequest, job: dict[str, Any], ctx: StageContext
+    ) -> JobInfo:
+        """Poll until the job has ended, recording each change of state or node."""
+        job_id = job["job_id"]
+        while True:
+            info = self.backend.states([job_id], {job_id: job.get("submitted_epoch", 0.0)})[job_id]
+            if (info.state, info.node or None) != (job.get("state"), job.get("node")):
+                job.update(state=info.state, node=info.node or None, elapsed=info.elapsed)
+                self._record(store, request, job)
+            if not info.alive:
+                return info
+            if ctx.should_stop():
+                raise DriverStopped(
+                    f"the driver stops while job {job_id} runs {request.describe()}: the job goes on, and"
+                    f" `probepo resume {request.run_id}` waits for it"
+                )
+            time.sleep(self.profile.poll_s)
+
+    @staticmethod
+    def _job_outcome(store: ArtifactStore, request: StageRequest, job_id: str) -> str:
+        """What the job's last attempt at the stage said: committed, preempted, failed: ..., or `none`
+        (it never reported, or was killed while running)."""
+        said = [
+            a
+            for a in store.attempts(request.run_id, request.update, request.stage)
+            if str(a.get("job_id")) == job_id
+        ]
+        outcome = str(said[-1].get("outcome", "")) if said else ""
+        return outcome if outcome.split(":")[0] in ("committed", "preempted", "failed") else "none"
+
+    def _close(
+        self, store: ArtifactStore, request: StageRequest, job: dict[str, Any], info: JobInfo, outcome: str
+    ) -> None:
+        job.update(state=info.state, exit_code=info.exit_code, outcome=outcome, ended_at=now())
+        self._record(store, request, job)
+
+    @staticmethod
+    def _record(store: ArtifactStore, request: StageRequest, job: dict[str, Any]) -> None:
+        store.record_job(
+            request.run_id,
+            request.update,
+            request.stage,
+            {k: v for k, v in job.items() if k != "submission_id"},
+            submission_id=job["submission_id"],
+        )
+
+
+def make_runner(executor: str, profile: ExecutionProfile | None = None) -> StageRunner:
+    """The stage runner of an executor: `inline` (this process), `local` (a subprocess per stage through
+    submitit's LocalExecutor) or `slurm` (a SLURM job per stage); checks first that it can submit."""
+    if executor == "inline":
+        return InlineRunner()
+    profile = profile or ExecutionProfile()
+    backend = backend_for(executor, profile)
+    backend.check()
+    return JobRunner(backend, profile)
+
+
+JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome")
+
+
+def jobs_table(records: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> str:
+    """`probepo jobs`: one line per submitted job, with how many attempts its stage has."""
+    per_stage: dict[tuple[int, str], int] = {}
+    for attempt in attempts:
+        key = (attempt.get("update", 0), attempt.get("stage", ""))
+        per_stage[key] = per_stage.get(key, 0) + 1
+    rows = [JOB_COLUMNS] + [
+        (
+            str(r.get("update", 0)),
+            str(r.get("stage", "")),
+            str(r.get("job_id", "")),
+            str(r.get("executor", "")),
+            str(r.get("state", "")),
+            str(r.get("node") or "-"),
+            str(r.get("elapsed") or "-"),
+            str(per_stage.get((r.get("update", 0), r.get("stage", "")), 0)),
+            str(r.get("outcome", "")),
+        )
+        for r in sorted(records, key=lambda r: (r.get("update", 0), r.get("submitted_at", "")))
+    ]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )

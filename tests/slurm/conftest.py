@@ -1,0 +1,79 @@
+"""The real single-node SLURM cluster of infra/slurm/ (munge, MariaDB, slurmdbd, slurmctld, slurmd):
+`.ci/run` starts it before the suite and stops it after; run alone, the session starts it here when this
+machine can (root, packages installed) and stops it at the end."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+from probepo.config import ExecutionProfile, StageResources
+from probepo.store import ArtifactStore
+from tests.pipeline.conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra" / "slurm"
+
+
+def _exports(text: str) -> dict[str, str]:
+    pairs = (
+        line.removeprefix("export ").split("=", 1) for line in text.splitlines() if line.startswith("export ")
+    )
+    return {key: value for key, value in pairs}
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[dict[str, str]]:
+    """The cluster's environment (SLURM_CONF, ...), set in this process for the session."""
+    started_here = False
+    if not os.environ.get("SLURM_CONF"):
+        if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+            pytest.skip(
+                "no SLURM cluster: as root, `bash infra/slurm/install.sh` then"
+                ' `eval "$(bash infra/slurm/start.sh)"` (or run .ci/run, which does it)'
+            )
+        started = subprocess.run(
+            ["bash", str(INFRA / "start.sh")], capture_output=True, text=True, timeout=300
+        )
+        assert started.returncode == 0, started.stderr
+        os.environ.update(_exports(started.stdout))
+        started_here = True
+    yield {key: os.environ[key] for key in ("SLURM_CONF", "PROBEPO_SLURM_NODE") if key in os.environ}
+    if started_here:
+        subprocess.run(["bash", str(INFRA / "stop.sh")], capture_output=True, timeout=120)
+
+
+@pytest.fixture
+def profile_path(tmp_path: Path, slurm_cluster) -> Path:
+    """An execution profile for the test cluster: every stage in the preemptable `low` partition, a fresh
+    job folder, quick polls."""
+    profile = ExecutionProfile(
+        job_folder=str(tmp_path / "jobs"),
+        poll_s=0.3,
+        defaults=StageResources(partition="low", time_min=15, signal_grace_s=30),
+    )
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile.model_dump(mode="json")))
+    return path
+
+
+def drill_config(**fields):
+    """One update of the tiny recipe, evaluated before and after only (9 stage jobs)."""
+    fields = {"num_updates": 1, "eval": {**tiny_config().eval.model_dump(), "every": 10}, **fields}
+    return tiny_config("probepo", **fields)
+
+
+@pytest.fixture(scope="session")
+def drill_baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
+    """The drill recipe's final checkpoint, trained inline."""
+    from probepo.pipeline import train
+
+    train(drill_config(), "drill-inline", store=warm_store)
+    final = warm_store.read_stage("drill-inline", 1, "checkpoint")
+    return {name: final[name] for name in ("model.safetensors", "optimizer.safetensors", "trainer.json")}
