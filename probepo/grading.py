@@ -3,7 +3,7 @@
 Rules: only a `\\boxed{...}` (or `\\fbox{...}`) answer earns a reward; the last complete box within the last
 `TAIL_CHARS` characters of the completion counts; it is compared with the gold answer by math-verify
 (`verify(gold, pred)`, gold first). No box, a wrong answer, a timeout, running out of memory or a crashed
-worker all score 0.0.
+worker all score 0.0; `grade_with_reasons` says which of these it was.
 
 Why worker processes: math-verify's own timeouts use `signal.alarm` (main thread only, and they cancel any
 outer SIGALRM), and an adversarial answer can keep a process busy inside C code where no signal handler
@@ -33,8 +33,9 @@ from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 from multiprocessing.connection import Connection, Pipe, wait
+from typing import Literal, get_args
 
-__all__ = ["MEMORY_CAP_BYTES", "TAIL_CHARS", "grade"]
+__all__ = ["MEMORY_CAP_BYTES", "REASONS", "TAIL_CHARS", "Reason", "grade", "grade_with_reasons"]
 
 TAIL_CHARS = 4096
 """Only the last this many characters of a completion are searched for the answer box."""
@@ -50,9 +51,19 @@ handler runs."""
 _START_TIMEOUT_S = 60.0
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
+Reason = Literal["correct", "no_answer", "unparsable", "wrong", "timeout", "error", "bad_gold"]
+"""Why an answer scored what it did: `correct` (reward 1.0); `no_answer`: no complete box in the tail, or
+an empty one; `unparsable`: math-verify read no expression in the box (only its raw text, which did not
+match the gold's); `wrong`: parsed but not equivalent; `timeout`: over the deadline; `error`: the worker
+failed otherwise (memory cap, crash); `bad_gold`: the gold answer is empty or unparsable (a data problem,
+not the model's)."""
+
+REASONS: tuple[Reason, ...] = get_args(Reason)
+
 
 def grade(completions: list[str], golds: list[str], *, timeout_s: float = 3.0) -> list[float]:
-    """Score each completion against its gold answer: 1.0 if its boxed answer is equivalent, else 0.0.
+    """Score each completion against its gold answer: 1.0 if its boxed answer is equivalent, else 0.0
+    (`grade_with_reasons` with the reasons mapped to rewards).
 
     Args:
         completions: model outputs; only the last complete `\\boxed{...}` / `\\fbox{...}` within the last
@@ -72,6 +83,16 @@ def grade(completions: list[str], golds: list[str], *, timeout_s: float = 3.0) -
 
     Thread-safe; calls from several threads share one worker pool and run one at a time.
     """
+    return [
+        float(reason == "correct") for reason in grade_with_reasons(completions, golds, timeout_s=timeout_s)
+    ]
+
+
+def grade_with_reasons(completions: list[str], golds: list[str], *, timeout_s: float = 3.0) -> list[Reason]:
+    """Like `grade`, but the `Reason` of each score: "correct" is reward 1.0, every other reason 0.0.
+
+    Same arguments and errors as `grade`.
+    """
     if len(completions) != len(golds):
         raise ValueError(f"completions has {len(completions)} items but golds has {len(golds)}")
     for name, items in (("completions", completions), ("golds", golds)):
@@ -81,16 +102,21 @@ def grade(completions: list[str], golds: list[str], *, timeout_s: float = 3.0) -
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be positive, got {timeout_s}")
 
-    rewards = [0.0] * len(completions)
+    reasons: list[Reason] = []
     jobs: list[_Job] = []
     for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
         answer = last_boxed(completion[-TAIL_CHARS:])
-        if answer is not None and answer.strip() and gold.strip():
+        if answer is None or not answer.strip():
+            reasons.append("no_answer")
+        elif not gold.strip():
+            reasons.append("bad_gold")
+        else:
+            reasons.append("error")  # until the worker answers
             jobs.append(_Job(i, _as_latex(gold), _as_latex(answer)))
     if jobs:
-        for index, reward in _shared_pool().run(jobs, timeout_s).items():
-            rewards[index] = reward
-    return rewards
+        for index, reason in _shared_pool().run(jobs, timeout_s).items():
+            reasons[index] = reason
+    return reasons
 
 
 def last_boxed(text: str) -> str | None:
@@ -130,11 +156,14 @@ def _closing_brace(text: str, start: int) -> int | None:
 
 
 def _as_latex(answer: str) -> str:
-    """Math-verify extracts LaTeX only from math environments: wrap a bare answer in $...$."""
-    stripped = answer.strip()
-    if stripped.startswith(("$", "\\(", "\\[")):
-        return stripped
-    return f"${stripped}$"
+    """Math-verify extracts LaTeX only from math environments: wrap a bare answer in $...$.
+
+    Whitespace runs become one space first: math-verify does not read a `$...$` span across a line break
+    (a box such as `\\boxed{x\n+1}` would score 0), and in TeX math a line break is a space anyway."""
+    collapsed = " ".join(answer.split())
+    if collapsed.startswith(("$", "\\(", "\\[")):
+        return collapsed
+    return f"${collapsed}$"
 
 
 @dataclass(frozen=True)
@@ -174,11 +203,11 @@ class _Pool:
         self._idle: list[_Worker] = []
         self._lock = threading.Lock()
 
-    def run(self, jobs: list[_Job], timeout_s: float) -> dict[int, float]:
-        """Grade jobs on the workers; returns {job index: reward}."""
+    def run(self, jobs: list[_Job], timeout_s: float) -> dict[int, Reason]:
+        """Grade jobs on the workers; returns {job index: reason}."""
         with self._lock:
             self._start(min(self.size, len(jobs)) - len(self._idle))
-            rewards: dict[int, float] = {}
+            reasons: dict[int, Reason] = {}
             pending = deque(jobs)
             busy: dict[Connection, tuple[_Worker, int, float]] = {}
             try:
@@ -197,24 +226,24 @@ class _Pool:
                     for conn in wait(list(busy), timeout=max(0.0, first_deadline - time.monotonic())):
                         worker, index, _ = busy.pop(conn)
                         try:
-                            rewards[index] = float(conn.recv())
+                            reasons[index] = conn.recv()
                             self._idle.append(worker)
                         except (EOFError, OSError):  # crashed (e.g. a segfault deep in a parser)
-                            rewards[index] = 0.0
+                            reasons[index] = "error"
                             worker.kill()
                             self._start(1)
                     now = time.monotonic()
                     for conn, (worker, index, deadline) in list(busy.items()):
                         if deadline <= now:
                             del busy[conn]
-                            rewards[index] = 0.0
+                            reasons[index] = "timeout"
                             worker.kill()
                             self._start(1)
             finally:
                 # Only on an error or interrupt: a worker still busy would later answer the wrong job.
                 for worker, _, _ in busy.values():
                     worker.kill()
-            return rewards
+            return reasons
 
     def _start(self, count: int) -> None:
         """Start count workers (none if count <= 0) and wait until they are ready, then add them to idle.
@@ -274,7 +303,7 @@ class _SoftTimeout(BaseException):
 
 
 def _serve(fd: int) -> None:
-    """Worker loop: receive (gold, answer, budget_s), send back True/False until the parent goes away."""
+    """Worker loop: receive (gold, answer, budget_s), send back a `Reason` until the parent goes away."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = MEMORY_CAP_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_CAP_BYTES, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
@@ -292,16 +321,22 @@ def _serve(fd: int) -> None:
     def parse_gold(gold: str) -> tuple[object, ...]:
         return tuple(parse(gold, config, parsing_timeout=None))
 
-    def correct(gold: str, answer: str) -> bool:
+    def judge(gold: str, answer: str) -> str:
         # Timeouts off (None): math-verify's alarms would replace the timer below.
+        gold_parsed = parse_gold(gold)
+        if not gold_parsed:
+            return "bad_gold"
         target = parse(answer, config, parsing_timeout=None)
-        return bool(target) and verify(list(parse_gold(gold)), target, timeout_seconds=None)
+        if target and verify(list(gold_parsed), target, timeout_seconds=None):
+            return "correct"
+        # math-verify keeps the raw string beside what it parsed: only strings means it parsed nothing
+        return "wrong" if any(not isinstance(item, str) for item in target) else "unparsable"
 
     def on_alarm(signum: int, frame: object) -> None:
         raise _SoftTimeout
 
     signal.signal(signal.SIGALRM, on_alarm)
-    correct("$1$", "$1$")  # load the grammar now, not within the first answer's deadline
+    judge("$1$", "$1$")  # load the grammar now, not within the first answer's deadline
     conn = Connection(fd)
     conn.send("ready")
     while True:
@@ -313,11 +348,13 @@ def _serve(fd: int) -> None:
             # Nested so that the one-shot timer can only fire inside the outer try.
             try:
                 signal.setitimer(signal.ITIMER_REAL, budget_s)
-                result = correct(gold, answer)
+                result = judge(gold, answer)
             finally:
                 signal.setitimer(signal.ITIMER_REAL, 0)
-        except (_SoftTimeout, Exception):
-            result = False
+        except _SoftTimeout:
+            result = "timeout"
+        except Exception:  # a parser error, or MemoryError at the address-space cap
+            result = "error"
         conn.send(result)
 
 

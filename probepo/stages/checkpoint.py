@@ -1,19 +1,23 @@
-"""Checkpoint 0: the warm-up weights with a fresh optimizer state (policy 0 of a run).
+"""Checkpoint 0: policy 0 of a run, with a fresh optimizer state. A testbed run starts from the shared
+supervised warm-up; a Hugging Face model's run starts from its pretrained weights (`model.pretrained`).
 
 Later checkpoints are committed by the optimize stage: policy k + 1 is the `checkpoint` of update k + 1.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from probepo.engines.base import TrainerEngine
 from probepo.models.gpt import load_model
 from probepo.stages import warmup
-from probepo.stages.common import CHECKPOINT, POLICY_FILES, new_trainer
+from probepo.stages.common import CHECKPOINT, model_dtype, new_trainer, policy_files
 from probepo.stages.context import StageContext
 
 STAGE = CHECKPOINT
 
 
-def run(ctx: StageContext) -> None:
+def _from_warmup(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
     source = warmup.warmup_run_id(ctx.config)
     marker = ctx.store.marker(source, 0, warmup.STAGE)
     if marker is None:
@@ -24,8 +28,19 @@ def run(ctx: StageContext) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     for name in warmup.MODEL_FILES:
         ctx.store.download_stage_file(source, 0, warmup.STAGE, name, folder / name)
-    engine = new_trainer(ctx, load_model(folder))
+    summary = {"warmup_run": source, "warmup_accuracy": marker["summary"]["accuracy"]}
+    return new_trainer(ctx, load_model(folder)), summary
+
+
+def _from_pretrained(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
+    from probepo.engines.hf import load_policy
+
+    model, tokenizer = load_policy(ctx.config.model.pretrained, dtype=model_dtype(ctx.config.model))
+    return new_trainer(ctx, model, tokenizer), {"pretrained": ctx.config.model.pretrained}
+
+
+def run(ctx: StageContext) -> None:
+    engine, summary = _from_pretrained(ctx) if ctx.config.model.kind == "hf" else _from_warmup(ctx)
     policy = ctx.scratch / "policy-000000"
     engine.save(policy)
-    summary = {"warmup_run": source, "warmup_accuracy": marker["summary"]["accuracy"]}
-    ctx.commit(STAGE, {name: policy / name for name in POLICY_FILES}, summary)
+    ctx.commit(STAGE, policy_files(policy), summary)

@@ -5,13 +5,15 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
+from probepo.config import ModelConfig
 from probepo.data import Problem, Task, build_task
-from probepo.engines.base import SamplingParams
+from probepo.engines.base import GenerationEngine, SamplingParams, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
@@ -21,12 +23,12 @@ from probepo.store.formats import table_from_parquet, tensors_from_bytes
 ROLLOUTS = "rollouts.parquet"
 CHECKPOINT = "checkpoint"
 """The stage that holds policy k at update k (the store lays it out under checkpoints/<k>/)."""
-POLICY_FILES = ("model.safetensors", "config.json", "optimizer.safetensors", "trainer.json")
-"""A policy checkpoint as the trainer engine saves it: weights, model config, optimizer state, step counts."""
+FETCHED = ".fetched"
+"""Written into a scratch policy folder once every file of its commit is there."""
 
 
 def task_of(ctx: StageContext) -> Task:
-    return build_task(ctx.config.task)
+    return build_task(ctx.config.task, ctx.config.model)
 
 
 def sampling_params(ctx: StageContext, task: Task, *, temperature: float | None = None) -> SamplingParams:
@@ -37,42 +39,77 @@ def sampling_params(ctx: StageContext, task: Task, *, temperature: float | None 
     return params
 
 
+def policy_files(folder: Path) -> dict[str, Path]:
+    """A saved policy's files as a commit takes them: every file the engine wrote (a testbed checkpoint's
+    weights, config, optimizer state and step counts; a Hugging Face one adds its tokenizer files)."""
+    return {
+        path.name: path
+        for path in sorted(folder.iterdir())
+        if path.is_file() and not path.name.startswith(".")
+    }
+
+
 def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
     """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k)
-    into scratch; returns its folder."""
+    into scratch, every file of its commit; returns its folder."""
     update = ctx.update
     folder = ctx.scratch / f"policy-{update:06d}-{stage}"
-    if not (folder / POLICY_FILES[-1]).exists():
+    if not (folder / FETCHED).exists():
         folder.mkdir(parents=True, exist_ok=True)
-        for name in POLICY_FILES:
+        for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
             ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
+        (folder / FETCHED).touch()
     return folder
 
 
-def new_trainer(ctx: StageContext, model: GPT) -> TorchTrainerEngine:
-    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up."""
+def model_dtype(model: ModelConfig) -> torch.dtype:
+    """A Hugging Face policy's parameter dtype."""
+    return getattr(torch, model.dtype)
+
+
+def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
+    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (the Hugging Face
+    engine for `model.kind: hf`, saving `tokenizer` with each checkpoint)."""
     cfg = ctx.config
-    return TorchTrainerEngine(
-        model,
-        cfg.optim,
-        cfg.algo,
-        response_budget=cfg.sampling.max_tokens,
-        temperature=cfg.sampling.temperature,
-    )
+    settings = {"response_budget": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature}
+    if cfg.model.kind == "hf":
+        from probepo.engines.hf import HFTrainerEngine
+
+        return HFTrainerEngine(model, cfg.optim, cfg.algo, tokenizer=tokenizer, **settings)
+    return TorchTrainerEngine(model, cfg.optim, cfg.algo, **settings)
 
 
-def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> TorchTrainerEngine:
+def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> TrainerEngine:
     """A trainer engine on policy k (or on `checkpoint`), optimizer state included."""
-    engine = new_trainer(ctx, GPT(ctx.config.model))
-    engine.load(checkpoint or fetch_policy(ctx))
+    folder = checkpoint or fetch_policy(ctx)
+    if ctx.config.model.kind == "hf":
+        from probepo.engines.hf import load_policy
+
+        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(ctx.config.model)))
+    else:
+        engine = new_trainer(ctx, GPT(ctx.config.model))
+    engine.load(folder)
     return engine
 
 
-def generation_engine(ctx: StageContext) -> TorchGenerationEngine:
+def generation_engine(ctx: StageContext) -> GenerationEngine:
     """A generation engine on policy k."""
-    engine = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=ctx.config.sampling.batch_rows)
+    rows = ctx.config.sampling.batch_rows
+    if ctx.config.model.kind == "hf":
+        from probepo.engines.hf import HFGenerationEngine
+
+        return HFGenerationEngine(fetch_policy(ctx), dtype=model_dtype(ctx.config.model), max_batch_rows=rows)
+    engine = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
     engine.load_weights(fetch_policy(ctx))
     return engine
+
+
+@dataclass(frozen=True)
+class GradedProblem(Problem):
+    """A problem as the rollouts keep it: with every gold answer a grader accepts (maths problems may have
+    several; a testbed problem has its one answer)."""
+
+    golds: tuple[str, ...] = ()
 
 
 @dataclass
@@ -100,8 +137,14 @@ class Rollouts:
             rewards=torch.tensor(np.asarray(table["reward"]), dtype=torch.float64),
             finished=torch.tensor(np.asarray(table["finish_reason"]) == "stop"),
             problems=[
-                Problem(*fields)
-                for fields in zip(table["prompt"], table["answer"], table["solution"], strict=True)
+                GradedProblem(prompt, answer, solution, golds=tuple(golds))
+                for prompt, answer, solution, golds in zip(
+                    table["prompt"],
+                    table["answer"],
+                    table["solution"],
+                    table.get("golds") or [[a] for a in table["answer"]],  # rollouts older than golds
+                    strict=True,
+                )
             ],
         )
 

@@ -14,9 +14,9 @@ from probepo.preemption import Preempted
 from probepo.stages.advantage import ADVANTAGES
 from probepo.stages.common import (
     CHECKPOINT,
-    POLICY_FILES,
     Rollouts,
     fetch_policy,
+    policy_files,
     read_tensors,
     trainer_engine,
 )
@@ -65,7 +65,7 @@ def run(ctx: StageContext) -> None:
             return  # the last mini-batch's state is the stage's own commit
         folder = ctx.scratch / part_name(index)
         engine.save(folder)
-        ctx.commit(part_name(index), {name: folder / name for name in POLICY_FILES}, metrics)
+        ctx.commit(part_name(index), policy_files(folder), metrics)
         if ctx.should_stop():
             raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; progress committed")
 
@@ -74,5 +74,5 @@ def run(ctx: StageContext) -> None:
     folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
     engine.save(folder)
     summary = {**combine_metrics(history), "minibatches": len(history)}
-    ctx.commit(CHECKPOINT, {name: folder / name for name in POLICY_FILES}, summary, update=ctx.update + 1)
+    ctx.commit(CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
     ctx.commit(STAGE, {}, summary)

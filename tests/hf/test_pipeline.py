@@ -1,0 +1,142 @@
+"""A real causal LM through every stage: the tiny Qwen2 model (Qwen's BPE vocabulary) on maths problems,
+two ProbePO updates, checkpoint 0 its pretrained weights, rewards from math-verify with the reason of
+each zero, Hugging Face checkpoints with nothing pickled; a run killed inside the optimizer resumes to the
+same bits; benchmark evaluation with Mean@k."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from probepo.config import RunConfig
+from probepo.data.benchmarks import benchmarks_root
+from probepo.faults import CRASH_ENV
+from probepo.pipeline import train
+from probepo.schedule import TRAINING_STAGES
+from probepo.store import open_store
+from probepo.store.formats import table_from_parquet
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+
+FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+
+
+def qwen_config(folder: Path, **fields) -> RunConfig:
+    """2 prompts × 2 responses of one-digit arithmetic, 12 new tokens, 2 updates, ProbePO with 2 pivots × 2
+    continuations per group and cutoff rescue (the tiny model rarely finishes in 12 tokens)."""
+    data = {
+        "num_updates": 2,
+        "prompts_per_update": 2,
+        "group_size": 2,
+        "task": {"kind": "math", "source": "arithmetic", "arithmetic_problems": 64, "family": "chat"},
+        "model": {"kind": "hf", "pretrained": str(folder)},
+        "sampling": {"max_tokens": 12},
+        "algo": {
+            "margin": 1,
+            "min_spacing": 2,
+            "max_pivots": 2,
+            "continuations_per_pivot": 2,
+            "rescue_tokens": 3,
+        },
+        "optim": {
+            "minibatch_size": 2,
+            "microbatch_size": 1,
+        },  # 4 responses: 2 mini-batches of 2 micro-batches
+        "eval": {"problems": 4, "every": 1, "greedy": False},
+        **fields,
+    }
+    return RunConfig.model_validate(data)
+
+
+@pytest.fixture(scope="module")
+def finished(tiny_qwen, tmp_path_factory):
+    store = open_store(tmp_path_factory.mktemp("qwen-store"))
+    config = qwen_config(tiny_qwen.folder)
+    train(config, "qwen", store=store)
+    return store, config
+
+
+def test_every_stage_runs_the_real_model(finished, tiny_qwen):
+    store, _ = finished
+    entries = store.ledger_entries("qwen")
+    assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(entries[0]) and entries[2] == [
+        "checkpoint",
+        "evaluate",
+    ]
+    assert store.marker("qwen", 0, "checkpoint")["summary"]["pretrained"] == str(tiny_qwen.folder)
+    assert not any(run.startswith("warmup-") for run in store.runs())  # a real model starts pretrained
+    rollouts = table_from_parquet(store.read_stage("qwen", 0, "sample")["rollouts.parquet"])
+    assert len(rollouts["text"]) == 4 and set(rollouts["outcome"]) <= {
+        "correct",
+        "no_answer",
+        "unparsable",
+        "wrong",
+    }
+    assert all(r == (o == "correct") for r, o in zip(rollouts["reward"], rollouts["outcome"], strict=True))
+    summary = store.marker("qwen", 0, "sample")["summary"]
+    assert sum(
+        v
+        for k, v in summary.items()
+        if k.endswith("_fraction") and k != "finished_fraction" and k != "uniform_group_fraction"
+    ) == pytest.approx(1 - summary["reward_mean"])
+    assert store.marker("qwen", 0, "probe")["summary"]["continuations"] > 0
+    assert store.marker("qwen", 0, "select")["summary"]["pivots"] > 0
+
+
+def test_checkpoints_are_hugging_face_folders_and_nothing_is_pickled(finished, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    store, _ = finished
+    final = store.read_stage("qwen", 2, "checkpoint")
+    assert {"config.json", "model.safetensors", "tokenizer.json", *FILES} <= set(final)
+    for name in final:
+        store.download_stage_file("qwen", 2, "checkpoint", name, tmp_path / name)
+    AutoModelForCausalLM.from_pretrained(tmp_path)  # what generation and users load
+    for path in Path(store.url).rglob("*"):
+        if path.is_file():
+            head = path.read_bytes()[:2]
+            assert head not in (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05") and path.suffix not in (
+                ".pkl",
+                ".pt",
+                ".bin",
+            )
+
+
+def test_a_run_killed_inside_the_optimizer_resumes_to_the_same_bits(finished, tiny_qwen, tmp_path):
+    store, config = finished
+    preset = tmp_path / "qwen.yaml"
+    preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-killed"]
+    command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
+    env = {**os.environ, CRASH_ENV: "1:optimize.part-0000:after-commit"}
+    assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == -signal.SIGKILL
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    attempt = store.attempts("qwen-killed", 1, "optimize")[-1]
+    assert attempt["resumed_at_minibatch"] == 1 and attempt["minibatches_run"] == 1
+    again, first = store.read_stage("qwen-killed", 2, "checkpoint"), store.read_stage("qwen", 2, "checkpoint")
+    assert {name: again[name] for name in FILES} == {name: first[name] for name in FILES}
+
+
+@pytest.mark.skipif(
+    not (benchmarks_root() / "amc23").is_dir(), reason="the shared benchmark files are not here"
+)
+def test_benchmark_evaluation_reports_mean_at_k_per_benchmark(tiny_qwen, tmp_path):
+    store = open_store(tmp_path / "store")
+    eval_settings = {"benchmarks": ["amc23", "aime24"], "benchmark_problems": 2, "benchmark_samples": 2}
+    config = qwen_config(tiny_qwen.folder, num_updates=0, eval={"every": 1, "greedy": False, **eval_settings})
+    metrics = train(config, "qwen-bench", store=store)
+    summary = store.marker("qwen-bench", 0, "evaluate")["summary"]
+    assert summary["amc23/k"] == 2 and summary["amc23/problems"] == 2 and 0 <= summary["aime24/mean"] <= 1
+    assert "avg6" not in summary  # two of the six study sets
+    assert summary["accuracy"] == pytest.approx((summary["amc23/mean"] + summary["aime24/mean"]) / 2)
+    table = table_from_parquet(store.read_stage("qwen-bench", 0, "evaluate")["eval-aime24.parquet"])
+    assert list(table["id"]) == ["aime24/60", "aime24/61"] and np.all(np.asarray(table["correct"]) >= 0)
+    assert "evaluate/amc23/mean" in metrics[0]
