@@ -117,6 +117,12 @@ class TaskConfig(_Strict):
     and the eval split from `eval_set`, read from the offline benchmark files; `arithmetic`: two-term
     one-digit arithmetic generated offline by reasoning-gym (the CPU SmolLM2 demo)."""
 
+    train_sources: tuple[Literal["math_test", "math_train"], ...] = ("math_test",)
+    """math, benchmarks: the MATH sets RL draws from, every evaluation problem removed: `math_test` (the
+    shipped MATH test: 4,497 problems remain) and `math_train` (the 7,500-problem train split, staged by the
+    user as <benchmarks_root>/math_train/train.jsonl). Both: the study's repartition for DeepSeekMath and
+    R1; Qwen3-Base trained on `math_train` alone."""
+
     eval_set: str = "math500"
     """math, benchmarks: the benchmark that is the task's eval split (a probepo.data.benchmarks name)."""
 
@@ -219,6 +225,11 @@ class SamplingConfig(_Strict):
 
     max_tokens: int = Field(64, ge=1)
     """Most response tokens per sample, the stop token included."""
+
+    context: int | None = Field(None, ge=2)
+    """Tokens a sample may fill, prompt + response (+ a probe's rescue): a response of a long prompt gets
+    fewer than max_tokens (R1-Distill's binding 2K context). None: max_tokens alone binds (and the model's
+    own context must hold the longest prompt + max_tokens + rescue)."""
 
     batch_rows: int = Field(256, ge=1)
     """Rows (prefixes × samples) the CPU engine decodes together, in chunks of prefixes sorted by length.

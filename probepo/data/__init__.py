@@ -32,7 +32,7 @@ def _math_task(task_json: str, pretrained: str) -> Task:
 
     config = TaskConfig.model_validate_json(task_json)
     if config.source == "benchmarks":
-        problems = benchmark_problems(config.eval_set, config.benchmarks_root)
+        problems = benchmark_problems(config.eval_set, config.benchmarks_root, config.train_sources)
     else:
         problems = demo_problems(config.arithmetic_problems, config.seed)
     return MathTask(

@@ -208,16 +208,26 @@ def read_minerva_math(row: Row) -> BenchmarkProblem:
     )
 
 
-def read_math_test(row: Row) -> BenchmarkProblem:
-    """The full MATH test: the gold is the last `\\boxed{}` of `solution`; `type` is the subject."""
+def _math_row(row: Row, benchmark: str, key: str) -> BenchmarkProblem:
+    """A hendrycks MATH row: the gold is the last `\\boxed{}` of `solution`; `type` is the subject."""
     return BenchmarkProblem(
-        id=f"math_test/{row.key('idx')}",
-        benchmark="math_test",
+        id=f"{benchmark}/{key}",
+        benchmark=benchmark,
         problem=row.text("problem"),
         golds=(row.boxed("solution"),),
         solution=row.text("solution"),
         meta={"subject": row.text("type"), "level": _level(row.text("level"))},
     )
+
+
+def read_math_test(row: Row) -> BenchmarkProblem:
+    """The full MATH test, named by its `idx` field."""
+    return _math_row(row, "math_test", row.key("idx"))
+
+
+def read_math_train(row: Row) -> BenchmarkProblem:
+    """The MATH train split as the hendrycks release writes it (no id field): named by its position."""
+    return _math_row(row, "math_train", str(row.index))
 
 
 _THOUSANDS_SEPARATOR = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")

@@ -25,6 +25,7 @@ from probepo.data.benchmark_rows import (
     read_gsm8k,
     read_math500,
     read_math_test,
+    read_math_train,
     read_minerva_math,
     read_olympiadbench,
 )
@@ -79,7 +80,7 @@ class BenchmarkSpec:
     """Registry key."""
     title: str
     folder: str
-    """Folder under the benchmarks root that holds `test.jsonl`."""
+    """Folder under the benchmarks root that holds `file`."""
     rows: int
     """Rows of the published file (README table)."""
     mean_at_k: int | None
@@ -93,6 +94,7 @@ class BenchmarkSpec:
     licence_note: str | None
     """What a report must say about the set's licence, where it must say something."""
     read_row: Callable[[Row], BenchmarkProblem] = field(repr=False)
+    file: str = "test.jsonl"
 
 
 _ZUBINGOU = "ZubinGou/math-evaluation-harness @ db77bc6"
@@ -200,9 +202,25 @@ BENCHMARKS: Mapping[str, BenchmarkSpec] = {
             licence_note=None,
             read_row=read_math_test,
         ),
+        BenchmarkSpec(
+            name="math_train",
+            title="MATH train",
+            folder="math_train",
+            rows=7500,
+            mean_at_k=None,
+            hub=None,
+            origin="the hendrycks MATH train split, staged by the user (not shipped here)",
+            gold_rule="last `\\boxed{}` of field `solution`",
+            licence_note=None,
+            read_row=read_math_train,
+            file="train.jsonl",
+        ),
     )
 }
 """Every known set, by name."""
+
+SHIPPED_BENCHMARKS: tuple[str, ...] = tuple(name for name in BENCHMARKS if name != "math_train")
+"""The sets of the shared offline folder; the MATH train split is staged by users on their cluster."""
 
 AVG6_BENCHMARKS: tuple[str, ...] = tuple(name for name, spec in BENCHMARKS.items() if spec.mean_at_k)
 """The six evaluation sets of the study, whose unweighted mean is Avg-6."""
@@ -229,7 +247,7 @@ def load_benchmark(name: str, root: str | os.PathLike[str] | None = None) -> lis
     if name not in BENCHMARKS:
         raise KeyError(f"unknown benchmark {name!r}; known: {', '.join(BENCHMARKS)}")
     spec = BENCHMARKS[name]
-    path = benchmarks_root(root) / spec.folder / "test.jsonl"
+    path = benchmarks_root(root) / spec.folder / spec.file
     if not path.is_file():
         raise FileNotFoundError(_missing_file_message(spec, path, root))
     problems = []
@@ -261,7 +279,7 @@ def _missing_file_message(spec: BenchmarkSpec, path: Path, root: str | os.PathLi
     )
     return (
         f"{spec.title}: {path} not found (root from {source}). Point at the folder that holds "
-        f"{spec.folder}/test.jsonl with load_benchmark(..., root=DIR) or {BENCHMARKS_ENV}=DIR; {hub}."
+        f"{spec.folder}/{spec.file} with load_benchmark(..., root=DIR) or {BENCHMARKS_ENV}=DIR; {hub}."
     )
 
 

@@ -8,7 +8,7 @@ import os
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from probepo.data.benchmarks import AVG6_BENCHMARKS, BenchmarkProblem, load_benchmark
 
@@ -103,19 +103,32 @@ the two OlympiadBench copies that normalisation catches, they are different prob
 siblings (other numbers) or unrelated problems with the same answer. A search, so not a proof of absence."""
 
 
-def math_training_set(root: str | os.PathLike[str] | None = None) -> list[BenchmarkProblem]:
-    """The MATH training problems available offline: the full MATH test minus every problem whose normalised
-    text is that of a problem in one of the six evaluation sets, minus `REVIEWED_RESTATEMENTS`.
+TRAINING_SOURCES: tuple[str, ...] = ("math_test", "math_train")
+"""Sets a MATH training set may draw from."""
 
-    On the shipped files that is 5,000 − 500 (MATH-500) − 2 (in OlympiadBench too: math_test/2680,
-    math_test/4640) − 1 (math_test/652) = 4,497 problems, each with its gold from its solution's last box.
-    The result is checked with `check_contamination` against the six sets before it is returned.
+
+def math_training_set(
+    root: str | os.PathLike[str] | None = None, sources: Sequence[str] = ("math_test",)
+) -> list[BenchmarkProblem]:
+    """The MATH training problems of `sources`, minus every problem whose normalised text is that of a
+    problem in one of the six evaluation sets, minus `REVIEWED_RESTATEMENTS`.
+
+    `math_test` (shipped) alone gives 5,000 − 500 (MATH-500) − 2 (in OlympiadBench too: math_test/2680,
+    math_test/4640) − 1 (math_test/652) = 4,497 problems; with `math_train` (the 7,500-problem train split,
+    staged by the user) it is the study's PRM800K-style repartition for DeepSeekMath and R1. Each problem
+    keeps its gold from its solution's last box. The result is checked with `check_contamination` against
+    the six sets before it is returned.
     """
+    unknown = sorted(set(sources) - set(TRAINING_SOURCES))
+    if unknown or not sources:
+        choices = ", ".join(TRAINING_SOURCES)
+        raise ValueError(f"training sources {list(sources)}: choose one or more of {choices}")
     evaluation_sets = {name: load_benchmark(name, root) for name in AVG6_BENCHMARKS}
     held_out = {normalise_problem_text(p.problem) for problems in evaluation_sets.values() for p in problems}
     train = [
         problem
-        for problem in load_benchmark("math_test", root)
+        for source in sources
+        for problem in load_benchmark(source, root)
         if normalise_problem_text(problem.problem) not in held_out and problem.id not in REVIEWED_RESTATEMENTS
     ]
     check_contamination(train, evaluation_sets)

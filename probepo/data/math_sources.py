@@ -9,7 +9,7 @@ package's licence (Apache-2.0) covers the generated problems; nothing is downloa
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from probepo.data.benchmarks import BenchmarkProblem, load_benchmark
@@ -49,12 +49,15 @@ def from_benchmark(problem: BenchmarkProblem) -> MathProblem:
 
 
 def benchmark_problems(
-    eval_set: str = "math500", root: str | os.PathLike[str] | None = None
+    eval_set: str = "math500",
+    root: str | os.PathLike[str] | None = None,
+    train_sources: Sequence[str] = ("math_test",),
 ) -> dict[str, list[MathProblem]]:
-    """RL on `math_training_set()` (the MATH test minus everything in the six evaluation sets), evaluation on
-    `eval_set` (a probepo.data.benchmarks name), both read from the offline files under `root`."""
+    """RL on `math_training_set(root, train_sources)` (MATH problems minus everything in the six evaluation
+    sets), evaluation on `eval_set` (a probepo.data.benchmarks name), both read from the files under
+    `root`."""
     return {
-        "train": [from_benchmark(p) for p in math_training_set(root)],
+        "train": [from_benchmark(p) for p in math_training_set(root, train_sources)],
         "eval": [from_benchmark(p) for p in load_benchmark(eval_set, root)],
     }
 

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from probepo.config import ModelConfig
+from probepo.config import ModelConfig, SamplingConfig
 from probepo.data import Problem, Task, build_task
 from probepo.engines.base import GenerationEngine, SamplingParams, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
@@ -37,6 +37,20 @@ def sampling_params(ctx: StageContext, task: Task, *, temperature: float | None 
     if temperature is not None:
         params = replace(params, temperature=temperature)
     return params
+
+
+def response_budget(sampling: SamplingConfig, prompt_len: int, rescue_len: int = 0) -> int:
+    """Tokens a response to a `prompt_len`-token prompt may have: max_tokens, less what `sampling.context`
+    leaves after the prompt and a probe's rescue (`rescue_len` tokens)."""
+    if sampling.context is None:
+        return sampling.max_tokens
+    room = sampling.context - prompt_len - rescue_len
+    if room < 1:
+        raise ValueError(
+            f"sampling.context = {sampling.context} leaves no room for a response after a {prompt_len}-token"
+            f" prompt (and {rescue_len} rescue tokens): raise sampling.context or shorten the prompts"
+        )
+    return min(sampling.max_tokens, room)
 
 
 def policy_files(folder: Path) -> dict[str, Path]:
@@ -67,6 +81,12 @@ def model_dtype(model: ModelConfig) -> torch.dtype:
     return getattr(torch, model.dtype)
 
 
+def policy_device() -> str:
+    """Where a Hugging Face policy runs: the job's first GPU when it has one (one GPU per stage until the
+    multi-GPU engines land), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
 def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
     """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (the Hugging Face
     engine for `model.kind: hf`, saving `tokenizer` with each checkpoint)."""
@@ -85,7 +105,8 @@ def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> Trainer
     if ctx.config.model.kind == "hf":
         from probepo.engines.hf import load_policy
 
-        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(ctx.config.model)))
+        model = ctx.config.model
+        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=policy_device()))
     else:
         engine = new_trainer(ctx, GPT(ctx.config.model))
     engine.load(folder)
@@ -98,7 +119,8 @@ def generation_engine(ctx: StageContext) -> GenerationEngine:
     if ctx.config.model.kind == "hf":
         from probepo.engines.hf import HFGenerationEngine
 
-        return HFGenerationEngine(fetch_policy(ctx), dtype=model_dtype(ctx.config.model), max_batch_rows=rows)
+        dtype = model_dtype(ctx.config.model)
+        return HFGenerationEngine(fetch_policy(ctx), dtype=dtype, device=policy_device(), max_batch_rows=rows)
     engine = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
     engine.load_weights(fetch_policy(ctx))
     return engine

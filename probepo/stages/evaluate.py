@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from probepo.data import Problem, Task
 from probepo.schedule import EVAL_RESULTS, EVALUATE
-from probepo.stages.common import generation_engine, sampling_params, task_of
+from probepo.stages.common import generation_engine, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
@@ -39,9 +39,9 @@ def _per_problem(ctx: StageContext, task: Task, suite: Suite, temperature: float
     k = 1 if temperature == 0 else suite.k
     params = sampling_params(ctx, task, temperature=temperature)
     # The same seed at every update and in every run: arms are compared on the same random stream.
-    samples = generation_engine(ctx).generate(
-        [task.prompt_ids(p) for p in suite.problems], k, params, ctx.config.eval.seed
-    )
+    prompts = [task.prompt_ids(p) for p in suite.problems]
+    limits = [response_budget(ctx.config.sampling, len(prompt)) for prompt in prompts]
+    samples = generation_engine(ctx).continue_from(prompts, k, params, ctx.config.eval.seed, limits)
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
     rewards = task.verify_many(
         texts, [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]

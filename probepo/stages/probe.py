@@ -11,7 +11,14 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats, shrink_values
-from probepo.stages.common import Rollouts, generation_engine, read_tensors, sampling_params, task_of
+from probepo.stages.common import (
+    Rollouts,
+    generation_engine,
+    read_tensors,
+    response_budget,
+    sampling_params,
+    task_of,
+)
 from probepo.stages.context import StageContext
 from probepo.stages.select import PIVOTS
 from probepo.stages.shards import generate_in_shards
@@ -37,8 +44,13 @@ def run(ctx: StageContext) -> None:
         prefixes = [
             rollouts.prompts[r] + rollouts.responses[r][:t] for r, t in zip(rows.tolist(), cuts, strict=True)
         ]
-        budgets = [params.max_tokens - t for t in cuts]  # probes share the backbone's response length limit
         rescue_ids = task.tokenizer.encode(algo.rescue_suffix) if algo.rescue_tokens else []
+        rescue_len = len(rescue_ids) + algo.rescue_tokens if algo.rescue_tokens else 0
+        # probes share the backbone's response length limit (the rescue, too, inside sampling.context)
+        budgets = [
+            max(0, response_budget(ctx.config.sampling, len(rollouts.prompts[r]), rescue_len) - t)
+            for r, t in zip(rows.tolist(), cuts, strict=True)
+        ]
         engine = generation_engine(ctx)
         continuations = generate_in_shards(
             ctx,

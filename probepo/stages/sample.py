@@ -8,7 +8,7 @@ import torch
 
 from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM, golds_of
-from probepo.stages.common import ROLLOUTS, generation_engine, sampling_params, task_of
+from probepo.stages.common import ROLLOUTS, generation_engine, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import table_to_parquet
@@ -22,11 +22,19 @@ def run(ctx: StageContext) -> None:
     problems = task.batch(RL_STREAM, cfg.seed, ctx.update, cfg.prompts_per_update)
     prompts = [task.prompt_ids(p) for p in problems]
     engine, params = generation_engine(ctx), sampling_params(ctx, task)
+    limits = [response_budget(cfg.sampling, len(prompt)) for prompt in prompts]
     groups = generate_in_shards(
         ctx,
         STAGE,
-        lambda done, state, on_chunk: engine.generate(
-            prompts, cfg.group_size, params, ctx.seed(STAGE), done=done, state=state, on_chunk=on_chunk
+        lambda done, state, on_chunk: engine.continue_from(
+            prompts,
+            cfg.group_size,
+            params,
+            ctx.seed(STAGE),
+            limits,
+            done=done,
+            state=state,
+            on_chunk=on_chunk,
         ),
     )
     flat = [

@@ -3,11 +3,14 @@ set (MATH test minus every evaluation problem: 4,497 problems on the shared file
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from probepo.data.benchmarks import (
     AVG6_BENCHMARKS,
     BENCHMARKS,
+    SHIPPED_BENCHMARKS,
     BenchmarkProblem,
     benchmarks_root,
     load_benchmark,
@@ -22,7 +25,7 @@ from probepo.data.contamination import (
 
 SHARED = benchmarks_root()
 needs_shared = pytest.mark.skipif(
-    not all((SHARED / spec.folder / "test.jsonl").is_file() for spec in BENCHMARKS.values()),
+    not all((SHARED / BENCHMARKS[name].folder / "test.jsonl").is_file() for name in SHIPPED_BENCHMARKS),
     reason=f"the shared benchmark files are not at {SHARED} (set PROBEPO_BENCHMARKS to where they are)",
 )
 
@@ -84,3 +87,21 @@ def test_the_math_training_set_has_4497_problems_and_no_evaluation_problem():
     assert not ids & {"math_test/2680", "math_test/4640", *REVIEWED_RESTATEMENTS}
     assert all(len(problem.golds) == 1 and problem.golds[0] for problem in train)
     check_contamination(train, {name: load_benchmark(name) for name in (*AVG6_BENCHMARKS, "gsm8k_test")})
+
+
+@needs_shared
+def test_a_staged_math_train_split_joins_without_its_evaluation_problems(tmp_path):
+    for name in SHIPPED_BENCHMARKS:
+        (tmp_path / name).symlink_to(SHARED / name)
+    math500 = load_benchmark("math500")[0]
+    rows = [
+        {"problem": "What is $3 + 4$?", "solution": "So \\boxed{7}.", "level": "Level 1", "type": "Algebra"},
+        {"problem": math500.problem, "solution": "So \\boxed{0}.", "level": "Level 2", "type": "Algebra"},
+    ]  # the second is planted: a MATH-500 problem
+    (tmp_path / "math_train").mkdir()
+    (tmp_path / "math_train" / "train.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    assert [p.id for p in math_training_set(tmp_path, ("math_train",))] == ["math_train/0"]
+    both = math_training_set(tmp_path, ("math_test", "math_train"))
+    assert len(both) == 4497 + 1 and both[-1].golds == ("7",)
+    with pytest.raises(ValueError, match="choose one or more of math_test, math_train"):
+        math_training_set(tmp_path, ("gsm8k_test",))

@@ -36,3 +36,37 @@ def test_dotted_overrides_and_errors_name_the_file_and_field(tmp_path):
 def test_every_execution_profile_is_valid(path):
     profile = load_profile(path)
     assert profile.resources("optimize").time_min >= 1
+
+
+STUDY_RECIPES = {
+    "deepseekmath-7b-sft.yaml": 1000,
+    "r1-distill-qwen-1.5b.yaml": 1000,
+    "qwen3-4b-base.yaml": 27,
+}
+
+
+@pytest.mark.parametrize(("name", "updates"), STUDY_RECIPES.items())
+def test_the_study_recipes_hold_the_study_values_and_mark_ours(name, updates):
+    from probepo.data.benchmarks import AVG6_BENCHMARKS
+
+    config, text = load_run_config(CONFIGS / name), (CONFIGS / name).read_text()
+    algo = config.algo
+    assert (config.num_updates, config.group_size, config.prompts_per_update) == (updates, 8, 64)
+    assert (algo.algorithm, algo.max_pivots, algo.continuations_per_pivot, algo.kappa) == (
+        "probepo",
+        5,
+        8,
+        4.0,
+    )
+    assert algo.residual_weight == 1.0 and algo.probe_budget == 40 and algo.rescue_tokens > 0
+    assert config.eval.benchmarks == AVG6_BENCHMARKS and updates % config.eval.every == 0  # terminal eval
+    assert config.model.kind == "hf" and config.task.kind == "math"
+    lines = {line.split(":")[0].strip(): line for line in text.splitlines() if ":" in line}
+    for key in ("lr", "minibatch_size", "microbatch_size", "dtype", "temperature", "margin", "min_spacing"):
+        assert "# choice" in lines[key], f"{name}: {key} is ours, not the study's: mark it"
+    if name.startswith("r1-"):
+        assert config.sampling.context == 2048  # the study's binding 2K context, with cutoff rescue
+    else:
+        assert "# choice" in lines["max_tokens"]
+    profile = load_profile(CONFIGS / "profiles" / "h200-node.yaml")
+    assert "configs/profiles/h200-node.yaml" in text and profile.resources("sample").gpus_per_node == 8

@@ -308,3 +308,23 @@ def test_greedy_evaluation_is_greedy(runs, warm_store, tmp_path):
     ]
     table = table_from_parquet(warm_store.read_stage(run, 1, "evaluate")["eval.parquet"])
     assert np.asarray(table["greedy_correct"]).tolist() == expected
+
+
+def test_sampling_context_caps_prompt_plus_response_and_the_probe_rescue(warm_store):
+    """R1-Distill's binding 2K context, in small: every response fits `sampling.context` with its prompt,
+    and every probe with its prefix and rescue (VinePPO probes every step of these cut responses)."""
+    context, margin = 20, tiny_config().algo.margin
+    train(
+        tiny_config("vineppo", num_updates=1, sampling={"context": context}), "stages-ctx", store=warm_store
+    )
+    table = table_from_parquet(warm_store.read_stage("stages-ctx", 0, "sample")["rollouts.parquet"])
+    totals = [len(p) + len(r) for p, r in zip(table["prompt_ids"], table["response_ids"], strict=True)]
+    assert max(totals) == context and set(table["finish_reason"]) == {"length"}  # all cut
+    probe = warm_store.marker("stages-ctx", 0, "probe")["summary"]
+    # each continuation: at most context - prompt - pivot position (>= margin) tokens, the rescue included
+    shortest = min(len(p) for p in table["prompt_ids"])
+    assert probe["rescued_fraction"] == 1 and probe["tokens"] <= probe["continuations"] * (
+        context - shortest - margin
+    )
+    with pytest.raises(ValueError, match=r"sampling\.context = 4 leaves no room"):
+        train(tiny_config(num_updates=1, sampling={"context": 4}), "stages-no-room", store=warm_store)
