@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The services the test suite needs, all of them real: a single-node SLURM 22.05 cluster with accounting
-# (infra/slurm) and an S3 endpoint (infra/s3). `start` installs what is missing (idempotent) and writes
-# the environment a shell needs to .services.env; `stop` stops every one of them and leaves no process.
+# (infra/slurm), an S3 endpoint (infra/s3) and a Prefect server (infra/prefect). `start` installs what is
+# missing (idempotent) and writes the environment a shell needs to .services.env; `stop` stops every one
+# of them and leaves no process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -10,9 +11,11 @@ case "${1:-}" in
     {
       bash infra/slurm/start.sh
       bash infra/s3/start.sh
+      bash infra/prefect/start.sh
     } >.services.env
     ;;
   stop)
+    bash infra/prefect/stop.sh || true
     bash infra/s3/stop.sh || true
     bash infra/slurm/stop.sh >&2 || true
     rm -f .services.env

@@ -13,7 +13,9 @@ store before waiting, watch it, and decide what its end means.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +40,17 @@ class DriverStopped(Preempted):
     `probepo resume` re-attaches to it."""
 
 
-class JobRunner:
-    """A StageRunner that runs each stage as a job of `backend`, with resources from `profile`."""
+JobWatch = Callable[[StageRequest, str, Callable[[], JobInfo]], JobInfo]
+"""Wraps the wait for one job (request, job id, the wait itself) — e.g. in a Prefect task run named after
+the job."""
 
-    def __init__(self, backend: Backend, profile: ExecutionProfile) -> None:
-        self.backend, self.profile = backend, profile
+
+class JobRunner:
+    """A StageRunner that runs each stage as a job of `backend`, with resources from `profile`. `watch`, if
+    set, wraps the wait for each job (submitted or re-attached to)."""
+
+    def __init__(self, backend: Backend, profile: ExecutionProfile, watch: JobWatch | None = None) -> None:
+        self.backend, self.profile, self.watch = backend, profile, watch
         self.submissions = 0
         """Jobs this runner submitted (re-attaching submits nothing)."""
 
@@ -53,7 +61,8 @@ class JobRunner:
         while True:
             if job is None:
                 job = self._submit(store, request)
-            info = self._wait(store, request, job, ctx)
+            wait = functools.partial(self._wait, store, request, job, ctx)
+            info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
             if store.committed(request.run_id, request.update, request.stage):
                 self._close(store, request, job, info, "committed")
                 return

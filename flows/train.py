@@ -1,0 +1,112 @@
+"""The `train` and `resume` flows: the driver loop of `probepo.pipeline` with every stage a Prefect task run
+(flows/runner.py), the stage jobs submitted by the execution layer of `slurm/`.
+
+The run config is the flow's parameter, so the deployment's run form is the pydantic model (its field
+docstrings are the form's descriptions). Prefect checks each field against the schema; the flow checks the
+whole config (the cross-field rules) before anything is submitted. What the UI shows per run: a progress
+artifact (updates done of the total, updated in place), a table of metrics per update and a markdown
+report.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import (
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
+
+from flows.runner import PrefectStageRunner
+from probepo.config import RunConfig
+from probepo.pipeline import recorded_updates
+from probepo.pipeline import train as drive
+from probepo.presets import ConfigError, load_profile, validate_run_config, with_overrides
+from probepo.report import load_curves, markdown
+from probepo.store import ArtifactStore, open_store
+from slurm import make_runner
+from slurm.accounting import SlurmUnavailable
+
+Executor = Literal["inline", "local", "slurm"]
+
+
+def artifact_key(run_id: str, what: str) -> str:
+    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
+    return re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{what}".lower()).strip("-")
+
+
+class Progress:
+    """The run's progress artifact: the share of its updates whose optimizer step is committed."""
+
+    def __init__(self, run_id: str, num_updates: int) -> None:
+        self.num_updates = max(num_updates, 1)
+        self.artifact = create_progress_artifact(
+            0.0, key=artifact_key(run_id, "progress"), description=f"run {run_id}: updates done"
+        )
+
+    def __call__(self, update: int, stage: str, summary: dict[str, Any], ran: bool) -> None:
+        if stage == "optimize":
+            update_progress_artifact(self.artifact, 100.0 * (update + 1) / self.num_updates)
+
+
+def publish_results(store: ArtifactStore, run_id: str) -> None:
+    """The metrics table and the markdown report of a run, as artifacts of this flow run."""
+    records = store.read_metrics(run_id)
+    columns = sorted({key for record in records for key in record if key == "update" or "/" in key})
+    table = [{key: record.get(key) for key in columns} for record in records]
+    create_table_artifact(table, key=artifact_key(run_id, "metrics"), description=f"run {run_id}: per update")
+    report = f"# Run {run_id}\n\nstore: `{store.url}`\n\n" + markdown([load_curves(store, run_id)])
+    report += f"\n\nPlots: `probepo report {run_id} --store {store.url}`.\n"
+    create_markdown_artifact(report, key=artifact_key(run_id, "report"), description=f"run {run_id}: report")
+
+
+def _drive(
+    config: RunConfig,
+    run_id: str,
+    executor: Executor,
+    profile: str | None,
+    store: ArtifactStore | None = None,
+) -> list[dict[str, Any]]:
+    logger = get_run_logger()
+    try:
+        config = validate_run_config(config.model_dump(mode="json"), f"flow parameter config of run {run_id}")
+        runner = make_runner(executor, load_profile(profile))
+    except (ConfigError, SlurmUnavailable) as exc:
+        raise ValueError(str(exc)) from None  # before any job is submitted
+    store = store or open_store(config.store)
+    metrics = drive(
+        config,
+        run_id,
+        store=store,
+        progress=Progress(run_id, config.num_updates),
+        say=logger.info,
+        runner=PrefectStageRunner(runner),
+    )
+    publish_results(store, run_id)
+    return metrics
+
+
+@flow(name="train", flow_run_name="train {run_id}", log_prints=True)
+def train(
+    config: RunConfig, run_id: str, executor: Executor = "inline", profile: str | None = None
+) -> list[dict[str, Any]]:
+    """Train (or resume) run `run_id` with `config`: every stage of every update committed to the store.
+    `executor`: where stages run (inline: this process; local: a subprocess each; slurm: a SLURM job each);
+    `profile`: the execution profile (YAML path) of the job resources."""
+    return _drive(config, run_id, executor, profile)
+
+
+@flow(name="resume", flow_run_name="resume {run_id}", log_prints=True)
+def resume(
+    run_id: str, store: str = "./store", executor: Executor = "inline", profile: str | None = None
+) -> list[dict[str, Any]]:
+    """Continue run `run_id` from what `store` holds (its frozen recipe): committed stages are skipped, a
+    stage job still in flight is waited for, never submitted again."""
+    opened = open_store(store)
+    config = validate_run_config(opened.read_run(run_id)["config"], f"run {run_id}: its stored recipe")
+    config = with_overrides(config, num_updates=recorded_updates(opened, run_id))
+    return _drive(config, run_id, executor, profile, opened)

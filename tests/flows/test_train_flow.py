@@ -1,0 +1,111 @@
+"""The train and resume flows against a real Prefect server (infra/prefect, started by scripts/test): every
+stage a named task run, the run's artifacts, the same bits as the plain driver, bad input refused before
+anything runs."""
+
+from __future__ import annotations
+
+import os
+import time
+from uuid import UUID
+
+import pytest
+
+from probepo.pipeline import train
+from probepo.schedule import stages_for_update
+from tests.pipeline.conftest import tiny_config
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(
+        not os.environ.get("PREFECT_API_URL"),
+        reason="needs the Prefect server of infra/prefect (PREFECT_API_URL; scripts/test starts it)",
+    ),
+]
+
+FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+
+
+def _task_run_names(flow_run_id: UUID, expected: int) -> set[str]:
+    """Task runs reach the server as events: wait until `expected` of them are there (at most 30 s)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    names: set[str] = set()
+    with get_client(sync_client=True) as client:
+        for _ in range(150):
+            runs = client.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+            names = {run.name for run in runs}
+            if len(names) >= expected:
+                break
+            time.sleep(0.2)
+    return names
+
+
+def test_the_train_flow_names_every_stage_publishes_artifacts_and_matches_the_driver(warm_store):
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+
+    from flows.train import resume as resume_flow
+    from flows.train import train as train_flow
+
+    config = tiny_config(num_updates=2, store=warm_store.url)
+    state = train_flow(config, "flow-train", return_state=True)
+    assert state.is_completed(), state.message
+    flow_run_id = state.state_details.flow_run_id
+    train(config, "flow-reference", store=warm_store)  # the plain driver, inline
+    final = {name: warm_store.read_stage("flow-train", 2, "checkpoint")[name] for name in FILES}
+    assert final == {name: warm_store.read_stage("flow-reference", 2, "checkpoint")[name] for name in FILES}
+
+    stages = [(u, s) for u in range(3) for s in stages_for_update(u, num_updates=2, eval_every=1)]
+    names = _task_run_names(flow_run_id, len(stages))
+    assert names == {f"{stage} · update {update}" for update, stage in stages}
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(flow_run_id).name == "train flow-train"
+        artifacts = client.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+    by_type = {artifact.type: artifact for artifact in artifacts}
+    assert set(by_type) >= {"progress", "table", "markdown"}
+    assert by_type["progress"].data == 100.0 and "Run flow-train" in by_type["markdown"].data
+    assert by_type["progress"].key == "flow-train-progress"
+
+    again = resume_flow("flow-train", store=warm_store.url, return_state=True)  # complete: nothing to run
+    assert again.is_completed() and _task_run_names(again.state_details.flow_run_id, 0) == set()
+
+
+def test_bad_input_is_refused_before_anything_runs(warm_store):
+    from flows.train import train as train_flow
+
+    data = tiny_config(store=warm_store.url).model_dump(mode="json")
+    data["task"].update(kind="pointer", letters=5, hops=10)  # cross-field: hops % letters == 0
+    data["model"]["vocab_size"] = 13
+    with pytest.raises(Exception, match="hops = 10 is a multiple of letters = 5"):
+        train_flow(data, "flow-bad")
+    data["task"]["windw"] = 8  # a per-field error names the field
+    with pytest.raises(Exception, match=r"config\.task\.windw: Extra inputs are not permitted"):
+        train_flow(data, "flow-bad")
+    with pytest.raises(ValueError, match=r"executor.*slurm|SLURM|sinfo|slurmctld|profile"):
+        train_flow(tiny_config(store=warm_store.url), "flow-bad-profile", profile="/nonexistent/profile.yaml")
+    assert "flow-bad" not in warm_store.runs() and "flow-bad-profile" not in warm_store.runs()
+
+
+def test_with_the_slurm_executor_each_job_is_a_task_run_named_with_its_id(
+    warm_store, profile_path, drill_baseline
+):
+    from flows.train import train as train_flow
+    from tests.slurm.conftest import drill_config
+
+    config = drill_config(store=warm_store.url)
+    state = train_flow(config, "flow-slurm", executor="slurm", profile=str(profile_path), return_state=True)
+    assert state.is_completed(), state.message
+    final = warm_store.read_stage("flow-slurm", 1, "checkpoint")
+    assert {name: final[name] for name in FILES} == drill_baseline
+    jobs = {
+        f"{stage} · update {update} · job {record['job_id']}"
+        for update in range(2)
+        for stage in stages_for_update(update, num_updates=1, eval_every=10)
+        for record in warm_store.jobs("flow-slurm", update, stage)
+    }
+    assert len(jobs) == 9 and _task_run_names(state.state_details.flow_run_id, len(jobs)) == jobs
