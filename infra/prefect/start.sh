@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Start a Prefect 3 server on loopback (SQLite under $PROBEPO_PREFECT_DIR). Stdout: `export` lines only
+# Start a Prefect 3 server on loopback (SQLite under $PROBEPO_PREFECT_DIR) and a process worker polling the
+# `probepo` work pool (created if missing), from this repository's venv. Stdout: `export` lines only
 # (eval "$(bash infra/prefect/start.sh)"); idempotent: when it already answers, it just prints them.
 # Beyond loopback, set PREFECT_SERVER_API_AUTH_STRING=user:password (clients: PREFECT_API_AUTH_STRING) and
 # --host; PostgreSQL instead of SQLite: PREFECT_SERVER_DATABASE_CONNECTION_URL (see README).
@@ -18,7 +19,17 @@ print_env() {
 }
 
 mkdir -p "$STATE/home"
-if [[ -s $STATE/server.pid ]] && kill -0 "$(cat "$STATE/server.pid")" 2>/dev/null && healthy; then
+alive() { [[ -s $STATE/$1.pid ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
+start_worker() {
+  alive worker && return 0
+  PREFECT_API_URL=$API PREFECT_HOME=$STATE/home PREFECT_WORKER_QUERY_SECONDS=${PROBEPO_PREFECT_POLL_S:-2} \
+    setsid "$PREFECT" worker start --pool probepo --type process --create-pool-if-not-found \
+    --name probepo-worker </dev/null >"$STATE/worker.log" 2>&1 &
+  echo $! >"$STATE/worker.pid"
+  echo "probepo-prefect: worker polling pool probepo (log $STATE/worker.log)" >&2
+}
+if alive server && healthy; then
+  start_worker
   print_env
   exit 0
 fi
@@ -29,6 +40,7 @@ echo $! >"$STATE/server.pid"
 for _ in $(seq 1 300); do
   if healthy; then
     echo "probepo-prefect: Prefect server up on $API, UI http://127.0.0.1:$PORT (log $STATE/server.log)" >&2
+    start_worker
     print_env
     exit 0
   fi
