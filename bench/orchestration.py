@@ -8,8 +8,12 @@ executor, in one store, from the same shared warm-up. A stage's overhead is the 
 it (submit, wait, see the commit) minus the stage's own wall time (its summary's `wall_s`): for a job,
 scheduling, a fresh interpreter importing torch, opening the store and reading inputs; for inline, the
 attempt records. `share_of_update` = the overhead of an update's six training stages over that update's
-wall time. Writes bench/results/orchestration.json (merging other executors' entries, e.g. `prefect` from
-bench/orchestration_prefect.py) and prints a markdown table.
+wall time. `prefect` is the inline runner with each stage a Prefect task run inside a flow run
+(flows/runner.py; needs PREFECT_API_URL, e.g. from infra/prefect/start.sh): its overhead minus inline's is
+what the task wrapper costs. Writes bench/results/orchestration.json (merging the entries of executors not
+run this time) and prints a markdown table.
+
+    .venv/bin/python bench/orchestration.py --executors inline prefect    # with a Prefect server
 """
 
 from __future__ import annotations
@@ -22,10 +26,11 @@ import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from benchlib import machine
 
-from probepo.config import ExecutionProfile, StageResources
+from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.execution import StageRequest, StageRunner
 from probepo.pipeline import ensure_warmup, train
 from probepo.presets import load_run_config
@@ -70,9 +75,26 @@ def overheads(store: ArtifactStore, run_id: str, timed: TimedRunner) -> dict[str
     }
 
 
+def prefect_runner() -> StageRunner:
+    from flows.runner import PrefectStageRunner
+
+    return PrefectStageRunner(make_runner("inline"))
+
+
+def in_a_flow(config: RunConfig, run_id: str, **kwargs: Any) -> None:
+    """`train` inside a Prefect flow run (its task runs need one)."""
+    from prefect import flow
+
+    @flow(name="orchestration-bench")
+    def bench_flow() -> None:
+        train(config, run_id, **kwargs)
+
+    bench_flow()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--executors", nargs="*", default=["inline", "local", "slurm"])
+    parser.add_argument("--executors", nargs="*", default=["inline", "local", "slurm", "prefect"])
     parser.add_argument("--partition", default="low")
     args = parser.parse_args()
     config = load_run_config(ROOT / "configs" / "cpu-demo.yaml", {"num_updates": 2, "eval.every": 100})
@@ -86,8 +108,9 @@ def main() -> None:
             defaults=StageResources(partition=args.partition, time_min=15),
         )
         for executor in args.executors:
-            timed = TimedRunner(make_runner(executor, profile))
-            train(config, f"bench-{executor}", store=store, runner=timed)
+            timed = TimedRunner(prefect_runner() if executor == "prefect" else make_runner(executor, profile))
+            drive = in_a_flow if executor == "prefect" else train
+            drive(config, f"bench-{executor}", store=store, runner=timed)
             results[executor] = overheads(store, f"bench-{executor}", timed)
             print(f"{executor}: {results[executor]}", flush=True)
     results.update(

@@ -5,30 +5,36 @@ The run config is the flow's parameter, so the deployment's run form is the pyda
 docstrings are the form's descriptions). Prefect checks each field against the schema; the flow checks the
 whole config (the cross-field rules) before anything is submitted. What the UI shows per run: a progress
 artifact (updates done of the total, updated in place), a table of metrics per update and a markdown
-report.
+report. Cancelling a flow run ends its stage jobs and records the cancellation in the store; a later
+`resume` completes the run.
 """
 
 from __future__ import annotations
 
 import re
 from typing import Any, Literal
+from uuid import UUID
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import (
     create_markdown_artifact,
     create_progress_artifact,
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.client.schemas.objects import StateType
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, State
 
 from flows.runner import PrefectStageRunner
 from probepo.config import RunConfig
 from probepo.pipeline import recorded_updates
 from probepo.pipeline import train as drive
+from probepo.preemption import Preempted
 from probepo.presets import ConfigError, load_profile, validate_run_config, with_overrides
 from probepo.report import load_curves, markdown
 from probepo.store import ArtifactStore, open_store
-from slurm import make_runner
+from slurm import JobRunner, make_runner
 from slurm.accounting import SlurmUnavailable
 
 Executor = Literal["inline", "local", "slurm"]
@@ -70,7 +76,7 @@ def _drive(
     executor: Executor,
     profile: str | None,
     store: ArtifactStore | None = None,
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]] | State:
     logger = get_run_logger()
     try:
         config = validate_run_config(config.model_dump(mode="json"), f"flow parameter config of run {run_id}")
@@ -78,22 +84,46 @@ def _drive(
     except (ConfigError, SlurmUnavailable) as exc:
         raise ValueError(str(exc)) from None  # before any job is submitted
     store = store or open_store(config.store)
-    metrics = drive(
-        config,
-        run_id,
-        store=store,
-        progress=Progress(run_id, config.num_updates),
-        say=logger.info,
-        runner=PrefectStageRunner(runner),
-    )
+    try:
+        metrics = drive(
+            config,
+            run_id,
+            store=store,
+            progress=Progress(run_id, config.num_updates),
+            say=logger.info,
+            runner=PrefectStageRunner(runner),
+        )
+    except Preempted:
+        if not cancel_requested():
+            raise  # preempted: the flow run crashes, `resume` goes on from the store
+        # the record first: a resume ends any job this process dies before ending (JobRunner._in_flight)
+        jobs = runner.open_jobs(store, run_id) if isinstance(runner, JobRunner) else []
+        ids = [str(job["job_id"]) for job in jobs]
+        store.record_cancellation(run_id, {"by": f"Prefect flow run {flow_run.get_id()}", "jobs": ids})
+        if isinstance(runner, JobRunner):
+            runner.cancel_jobs(store, run_id, jobs)
+        message = f"run {run_id} cancelled; stage jobs ended: {', '.join(ids) or 'none'}"
+        logger.info(message)
+        return Cancelled(message=message)  # a returned state is the flow run's final state
     publish_results(store, run_id)
     return metrics
+
+
+def cancel_requested() -> bool:
+    """Whether this flow run's SIGTERM is a cancellation (its state on the server: cancelling), not a
+    preemption of the process that runs it. Both arrive as SIGTERM on a process worker."""
+    flow_run_id = flow_run.get_id()
+    if flow_run_id is None:
+        return False
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(UUID(str(flow_run_id))).state
+    return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
 
 
 @flow(name="train", flow_run_name="train {run_id}", log_prints=True)
 def train(
     config: RunConfig, run_id: str, executor: Executor = "inline", profile: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]] | State:
     """Train (or resume) run `run_id` with `config`: every stage of every update committed to the store.
     `executor`: where stages run (inline: this process; local: a subprocess each; slurm: a SLURM job each);
     `profile`: the execution profile (YAML path) of the job resources."""
@@ -103,7 +133,7 @@ def train(
 @flow(name="resume", flow_run_name="resume {run_id}", log_prints=True)
 def resume(
     run_id: str, store: str = "./store", executor: Executor = "inline", profile: str | None = None
-) -> list[dict[str, Any]]:
+) -> list[dict[str, Any]] | State:
     """Continue run `run_id` from what `store` holds (its frozen recipe): committed stages are skipped, a
     stage job still in flight is waited for, never submitted again."""
     opened = open_store(store)

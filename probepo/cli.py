@@ -133,6 +133,34 @@ class _Progress:
         self.skipped.clear()
 
 
+AlgoOption = Annotated[
+    str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo.")
+]
+UpdatesOption = Annotated[int | None, typer.Option("--updates", help="Override num_updates.")]
+SetsOption = Annotated[
+    list[str],
+    typer.Option(
+        "--set", metavar="FIELD=VALUE", help="Override any field, e.g. --set algo.kappa=0 (repeatable)."
+    ),
+]
+
+
+def _preset_config(config: Path, algo: str | None, updates: int | None, sets: list[str]) -> RunConfig:
+    """The preset with --set, --algo and --updates applied (the named options win, and say so)."""
+    overrides = _parse_sets(sets)
+    blame = {key: f"--set {key}" for key in overrides}
+    for field, option, value in (("algo.algorithm", "--algo", algo), ("num_updates", "--updates", updates)):
+        if value is None:
+            continue
+        if field in overrides and overrides[field] != value:
+            typer.echo(f"note: {option} {value} wins over --set {field}={overrides[field]}", err=True)
+        overrides[field], blame[field] = value, option
+    try:
+        return load_run_config(config, overrides, blame=blame)
+    except ConfigError as exc:
+        raise _fail(str(exc)) from None
+
+
 def _train(
     config: RunConfig,
     run_id: str,
@@ -189,16 +217,9 @@ def train(
         ),
     ],
     run_id: Annotated[str, typer.Option("--run-id", help="Run id; the same id again resumes the run.")],
-    algo: Annotated[
-        str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo.")
-    ] = None,
-    updates: Annotated[int | None, typer.Option("--updates", help="Override num_updates.")] = None,
-    sets: Annotated[
-        list[str],
-        typer.Option(
-            "--set", metavar="FIELD=VALUE", help="Override any field, e.g. --set algo.kappa=0 (repeatable)."
-        ),
-    ] = [],  # noqa: B006
+    algo: AlgoOption = None,
+    updates: UpdatesOption = None,
+    sets: SetsOption = [],  # noqa: B006
     store: StoreOption = None,
     tensorboard: TensorboardOption = None,
     quiet: QuietOption = False,
@@ -207,18 +228,7 @@ def train(
     profile: ProfileOption = None,
 ) -> None:
     """Train (or resume) a run from a preset: every stage of every update is committed to the store."""
-    overrides = _parse_sets(sets)
-    blame = {key: f"--set {key}" for key in overrides}
-    for field, option, value in (("algo.algorithm", "--algo", algo), ("num_updates", "--updates", updates)):
-        if value is None:
-            continue
-        if field in overrides and overrides[field] != value:
-            typer.echo(f"note: {option} {value} wins over --set {field}={overrides[field]}", err=True)
-        overrides[field], blame[field] = value, option
-    try:
-        run_config = load_run_config(config, overrides, blame=blame)
-    except ConfigError as exc:
-        raise _fail(str(exc)) from None
+    run_config = _preset_config(config, algo, updates, sets)
     command = f"probepo train {config} --run-id {run_id}"
     _train(
         run_config,
@@ -230,6 +240,33 @@ def train(
         command=command,
         runner=_runner(executor, profile),
     )
+
+
+@app.command()
+def launch(
+    config: Annotated[Path, typer.Argument(metavar="CONFIG", help="A YAML preset of RunConfig fields.")],
+    run_id: Annotated[str, typer.Option("--run-id", help="Run id; the same id again resumes the run.")],
+    algo: AlgoOption = None,
+    updates: UpdatesOption = None,
+    sets: SetsOption = [],  # noqa: B006
+    executor: ExecutorOption = "inline",
+    profile: ProfileOption = None,
+    deployment: Annotated[
+        str, typer.Option("--deployment", help="The Prefect deployment to run (flow/deployment).")
+    ] = "train/train",
+) -> None:
+    """Create a flow run of the Prefect train deployment, as the UI's Run button does, and print its URL.
+    A worker of the deployment's pool runs it; PREFECT_API_URL names the server."""
+    run_config = _preset_config(config, algo, updates, sets)
+    parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": executor}
+    if profile is not None:
+        parameters["profile"] = str(profile.resolve())
+    from probepo.launch import LaunchError, create_flow_run
+
+    try:
+        typer.echo(create_flow_run(deployment, parameters))
+    except LaunchError as exc:
+        raise _fail(str(exc)) from None
 
 
 @app.command()

@@ -8,11 +8,14 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   start)
     bash infra/slurm/install.sh >&2
-    {
-      bash infra/slurm/start.sh
-      bash infra/s3/start.sh
-      bash infra/prefect/start.sh
-    } >.services.env
+    : >.services.env
+    for service in slurm s3 prefect; do  # each starts with the environment of those before it
+      bash "infra/$service/start.sh" >>.services.env
+      set -a
+      # shellcheck disable=SC1091
+      source .services.env
+      set +a
+    done
     ;;
   stop)
     bash infra/prefect/stop.sh || true

@@ -4,8 +4,9 @@ submitit's own handlers do not fit a stage: on USR2 they checkpoint and exit at 
 SIGTERM, so nothing waits for a stage to commit. Here USR2 and SIGTERM raise the stage's stop flag; the
 stage commits its progress at its next safe point (a shard of sample or probe, a mini-batch of optimize;
 the short stages simply rerun) and raises Preempted; then the job requeues itself (`scontrol requeue`),
-so the same job id runs again later and resumes from those commits. The local executor has no queue: its
-preempted job just ends, and the driver submits the stage again.
+so the same job id runs again later and resumes from those commits — unless the run was cancelled since
+the job started (the canceller records it in the store before `scancel`'s SIGTERM arrives). The local
+executor has no queue: its preempted job just ends, and the driver submits the stage again.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from slurm.ranks import job_ranks
 REQUEUED = "requeued"
 PREEMPTED = "preempted"
 COMMITTED = "committed"
+CANCELLED = "cancelled"
 
 
 def _install_stop_flag() -> StopFlag:
@@ -67,11 +69,15 @@ def run_stage_job(request: StageRequest) -> str:
     store = open_store(request.store_url)
     if store.committed(request.run_id, request.update, request.stage):
         return COMMITTED
+    cancellations = len(store.cancellations(request.run_id))
     with tempfile.TemporaryDirectory(prefix=f"probepo-{request.run_id}-") as scratch:
         try:
             execute_stage(request.context(store, Path(scratch), flag), request.stage)
         except Preempted as exc:
             print(f"probepo: {exc}", file=sys.stderr, flush=True)
+            if len(store.cancellations(request.run_id)) > cancellations:  # scancel's SIGTERM: no requeue
+                print(f"probepo: run {request.run_id} was cancelled: no requeue", file=sys.stderr)
+                return CANCELLED
             if requeue_self():
                 print(f"probepo: requeued job {current_job_id()}", file=sys.stderr, flush=True)
                 sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job

@@ -16,6 +16,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +88,25 @@ class JobRunner:
                 self._close(store, request, job, info, "preempted")
             job = None
 
+    def open_jobs(self, store: ArtifactStore, run_id: str) -> list[dict[str, Any]]:
+        """The run's jobs of this executor that no driver saw end (pending, running, or ended unseen)."""
+        return [
+            record
+            for record in store.jobs(run_id)
+            if record.get("outcome") == "open" and record.get("executor") == self.backend.name
+        ]
+
+    def cancel_jobs(self, store: ArtifactStore, run_id: str, jobs: list[dict[str, Any]]) -> None:
+        """End these jobs of the run (scancel; SIGTERM for local ones) and close their records as
+        cancelled. What they committed stays committed."""
+        if jobs:
+            self.backend.cancel([str(record["job_id"]) for record in jobs])
+        for record in jobs:
+            closed = {**record, "outcome": "cancelled", "ended_at": now()}
+            store.record_job(
+                run_id, record["update"], record["stage"], closed, submission_id=record["submission_id"]
+            )
+
     def _in_flight(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any] | None:
         """The stage's last job if no driver saw it end (a driver restarted mid-stage re-attaches to it)."""
         records = [
@@ -95,7 +115,13 @@ class JobRunner:
             if r.get("executor") == self.backend.name
         ]
         # An open record whose job has ended since is judged like any other ending, by `run`.
-        return records[-1] if records and records[-1].get("outcome") == "open" else None
+        job = records[-1] if records and records[-1].get("outcome") == "open" else None
+        cancelled = [datetime.fromisoformat(c["at"]).timestamp() for c in store.cancellations(request.run_id)]
+        if job is not None and cancelled and max(cancelled) >= job.get("submitted_epoch", 0.0):
+            # the run was cancelled while this job was in flight, and its canceller died before ending it
+            self.cancel_jobs(store, request.run_id, [job])
+            return None
+        return job
 
     def _submit(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any]:
         folder = Path(self.profile.job_folder).resolve() / request.run_id

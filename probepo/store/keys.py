@@ -114,6 +114,14 @@ class RunLayout:
         return f"{self.extensions_root}{update(to_updates):06d}.json"
 
     @property
+    def cancellations_root(self) -> str:
+        return self.root + "cancellations/"
+
+    def cancellation(self, record_id: str) -> str:
+        """The record of one cancellation of the run (by whoever stopped it: a flow run, an operator)."""
+        return f"{self.cancellations_root}{record_id}.json"
+
+    @property
     def ledger_root(self) -> str:
         return self.root + "ledger/"
 

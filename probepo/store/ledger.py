@@ -99,6 +99,10 @@ class Ledger:
             inside = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
             lines.append(f"  status: resumes at update {start.update}, stage {start.stage}{inside}")
         lines.append(f"  lease: {self._lease_line()}")
+        lines += [
+            f"  cancelled at {c['at'][:19]}Z by {c.get('by', '?')} ({len(c.get('jobs', []))} jobs ended)"
+            for c in self.store.cancellations(self.run_id)
+        ]
         latest = self.latest_checkpoint()
         lines.append(f"  latest checkpoint: {'none' if latest is None else f'update {latest}'}")
         lines.append(f"  updates with commits: {len(entries)}")

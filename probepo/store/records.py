@@ -49,6 +49,20 @@ class RunRecords:
         ]
         return sorted(found, key=lambda record: record["to"])
 
+    def record_cancellation(self, run_id: str, record: Mapping[str, Any]) -> dict[str, Any]:
+        """Record (create-only) that the run was cancelled, not preempted: who, when, the jobs it ended.
+        A later resume goes on from the ledger as after any stop."""
+        self.read_run(run_id)
+        stamped = {**record, "at": utc_now(), "host": socket.gethostname(), "pid": os.getpid()}
+        self.objects.put_if_absent(RunLayout(run_id).cancellation(new_attempt_id()), to_json_bytes(stamped))
+        return stamped
+
+    def cancellations(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's cancellations, oldest first."""
+        root = RunLayout(run_id).cancellations_root
+        found = [from_json_bytes(self.objects.get_bytes(i.key)) for i in self.objects.list(root)]
+        return sorted(found, key=lambda record: record["at"])
+
     def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""
         self.objects.append(RunLayout(run_id).metrics, to_json_bytes(record) + b"\n")

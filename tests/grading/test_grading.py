@@ -3,6 +3,7 @@ completions (deadline, SIGKILL and replacement of stuck workers, memory cap, no 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -257,4 +258,9 @@ def test_a_stuck_answer_is_a_timeout():
     pids = _worker_pids()
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
-    assert grading.grade_with_reasons(["\\boxed{1}"], ["1"], timeout_s=0.5) == ["timeout"]
+    try:
+        assert grading.grade_with_reasons(["\\boxed{1}"], ["1"], timeout_s=0.5) == ["timeout"]
+    finally:  # the workers it did not need stay stopped in the pool: later tests would time out on them
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
