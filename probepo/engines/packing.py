@@ -8,13 +8,13 @@ from torch import Tensor
 from probepo.models.gpt import GPT
 
 
-def response_logits(
-    model: GPT, prompts: list[list[int]], responses: list[list[int]]
-) -> tuple[Tensor, Tensor, Tensor]:
-    """One forward pass over each prompt + response, right-padded (causal attention never sees the pad).
+def pack_responses(
+    prompts: list[list[int]], responses: list[list[int]]
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Each prompt + response as one right-padded row (causal attention never sees the pad).
 
-    Returns (logits [N, T, V], targets [N, T], mask [N, T] bool), T the longest response: logits[i, t]
-    is the model's prediction of response token t of row i, targets[i, t] that token; mask is False past
+    Returns (ids [N, W], at [N, T], targets [N, T], mask [N, T] bool), T the longest response (at least 1):
+    response token t of row i is targets[i, t] and is predicted at position at[i, t]; mask is False past
     the response's end.
     """
     if len(prompts) != len(responses):
@@ -30,11 +30,22 @@ def response_logits(
     T = max(int(response_len.max()), 1)
     # response token t of row i sits at index len(p_i) + t and is predicted at index len(p_i) + t − 1
     at = (prompt_len[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=width - 1)
-    logits = model(ids)
-    logits = logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1]))
     targets = ids.gather(1, (at + 1).clamp(max=width - 1))
     mask = torch.arange(T)[None, :] < response_len[:, None]
-    return logits, targets, mask
+    return ids, at, targets, mask
+
+
+def response_logits(
+    model: GPT, prompts: list[list[int]], responses: list[list[int]]
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One forward pass over each prompt + response (`pack_responses`).
+
+    Returns (logits [N, T, V], targets [N, T], mask [N, T] bool): logits[i, t] is the model's prediction
+    of response token t of row i, targets[i, t] that token; mask is False past the response's end.
+    """
+    ids, at, targets, mask = pack_responses(prompts, responses)
+    logits = model(ids)
+    return logits.gather(1, at[..., None].expand(-1, -1, logits.shape[-1])), targets, mask
 
 
 def token_logp_entropy(logits: Tensor, targets: Tensor, temperature: float) -> tuple[Tensor, Tensor]:

@@ -7,6 +7,7 @@ Probes are sorted by prefix length and chunked, so probing costs about its token
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -19,23 +20,13 @@ from probepo.engines.base import ChunkCallback, Completion, SamplingParams
 from probepo.models.gpt import GPT, WEIGHTS_FILE
 
 
-class TorchGenerationEngine:
-    """GenerationEngine on a GPT in this process. `max_batch_rows` caps the rows (prefixes × n) decoded
-    together: 256 made probing cost about its token count on one core (bench/sampler.py), where one
-    batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ."""
+class ChunkedDecoding(ABC):
+    """What both generation engines share: calls split into chunks of prefixes sorted by length, decoded one
+    chunk at a time by the engine's `_decode` with one random generator on `device`, each chunk reported
+    (`on_chunk`) and skipped on a resume. Subclasses set `device` and `max_batch_rows`."""
 
-    def __init__(self, model: GPT, *, max_batch_rows: int = 256) -> None:
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
-        self.model = model.eval()
-        self.max_batch_rows = max_batch_rows
-
-    def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
-        """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
-        if not isinstance(source, dict):
-            path = Path(source)
-            source = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
-        self.model.load_state_dict(source)
+    device: torch.device
+    max_batch_rows: int
 
     def generate(
         self,
@@ -75,10 +66,11 @@ class TorchGenerationEngine:
         on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
         """n continuations of each prefix; see GenerationEngine.continue_from. The state is the random
-        generator's, so chunks after a resume draw exactly what they would have drawn."""
+        generator's, so chunks after a resume draw exactly what they would have drawn (bitwise on CPU; on
+        CUDA as far as its kernels are deterministic)."""
         rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
-        generator = torch.Generator().manual_seed(seed)
+        generator = torch.Generator(device=self.device).manual_seed(seed)
         plan = self.chunks(prefixes, n)
         results: list[list[Completion]] = [[] for _ in prefixes]
         skip = resumed_chunks(plan, done or {})
@@ -89,22 +81,62 @@ class TorchGenerationEngine:
             if state is None:
                 raise ValueError("resuming after decoded chunks needs the engine state reported with them")
             generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
+        rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
         with torch.inference_mode():
             for chunk in plan[skip:]:
-                completions = self._decode(
-                    [prefixes[i] for i in chunk],
-                    n,
-                    params,
-                    torch.tensor([max_new_tokens[i] for i in chunk]),
-                    torch.tensor(list(rescue_ids), dtype=torch.long),
-                    rescue_len,
-                    generator,
-                )
+                limits = torch.tensor([max_new_tokens[i] for i in chunk], device=self.device)
+                chunk_prefixes = [prefixes[i] for i in chunk]
+                completions = self._decode(chunk_prefixes, n, params, limits, rescue, rescue_len, generator)
                 for i, row in zip(chunk, completions, strict=True):
                     results[i] = row
                 if on_chunk is not None:
                     on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
         return results
+
+    @abstractmethod
+    def _check(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        max_new_tokens: list[int],
+        rescue_len: int,
+        rescue_ids: Sequence[int],
+    ) -> None:
+        """Refuse a call the engine cannot decode (empty prefixes, ids outside the vocabulary, limits past
+        the context), naming the prefix."""
+
+    @abstractmethod
+    def _decode(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        limits: Tensor,
+        rescue_ids: Tensor,
+        rescue_len: int,
+        generator: torch.Generator,
+    ) -> list[list[Completion]]:
+        """n completions of each prefix of one chunk, decoded in lockstep."""
+
+
+class TorchGenerationEngine(ChunkedDecoding):
+    """GenerationEngine on a GPT in this process. `max_batch_rows` caps the rows (prefixes × n) decoded
+    together: 256 made probing cost about its token count on one core (bench/sampler.py), where one
+    batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ."""
+
+    def __init__(self, model: GPT, *, max_batch_rows: int = 256) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        self.model = model.eval()
+        self.max_batch_rows = max_batch_rows
+        self.device = torch.device("cpu")
+
+    def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
+        """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
+        if not isinstance(source, dict):
+            path = Path(source)
+            source = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
+        self.model.load_state_dict(source)
 
     def _check(
         self,

@@ -12,22 +12,22 @@ come from a torch.Generator on that device, one uniform number per row and token
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from probepo.engines.base import ChunkCallback, Completion, SamplingParams
+from probepo.engines.base import Completion, SamplingParams
 from probepo.engines.hf.loading import load_policy, load_weights_into
-from probepo.engines.sampler import DecodeRows, resumed_chunks
+from probepo.engines.sampler import ChunkedDecoding, DecodeRows
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 
-class HFGenerationEngine:
+class HFGenerationEngine(ChunkedDecoding):
     """GenerationEngine on a transformers causal LM (a model object, or a hub id / folder / .gguf file that
     `load_policy` reads). `max_batch_rows` caps the rows (prefixes × n) decoded together; `tokenizer` is
     kept for callers (the one loaded with the model when a path is given)."""
@@ -60,71 +60,6 @@ class HFGenerationEngine:
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
         load_weights_into(self.model, source)
-
-    def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        *,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
-    ) -> list[list[Completion]]:
-        """n samples per prompt, each of at most params.max_tokens tokens; resuming and chunk reports as in
-        `continue_from`."""
-        limits = [params.max_tokens] * len(prompts)
-        return self.continue_from(prompts, n, params, seed, limits, done=done, state=state, on_chunk=on_chunk)
-
-    def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
-        """The prefix indices decoded together, in order: sorted by length (stable), max_batch_rows // n
-        prefixes at a time. A pure function of the lengths, so a resumed call makes the same chunks."""
-        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
-        per_chunk = max(1, self.max_batch_rows // n)
-        return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
-
-    def continue_from(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        max_new_tokens: list[int],
-        *,
-        rescue_ids: Sequence[int] = (),
-        rescue_tokens: int = 0,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
-    ) -> list[list[Completion]]:
-        """n continuations of each prefix; see GenerationEngine.continue_from. The state is the random
-        generator's, so chunks after a resume draw exactly what they would have drawn (bitwise on CPU; on
-        CUDA as far as its kernels are deterministic)."""
-        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
-        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        plan = self.chunks(prefixes, n)
-        results: list[list[Completion]] = [[] for _ in prefixes]
-        skip = resumed_chunks(plan, done or {})
-        for chunk in plan[:skip]:
-            for i in chunk:
-                results[i] = list(done[i])
-        if skip:
-            if state is None:
-                raise ValueError("resuming after decoded chunks needs the engine state reported with them")
-            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
-        rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
-        with torch.inference_mode():
-            for chunk in plan[skip:]:
-                limits = torch.tensor([max_new_tokens[i] for i in chunk], device=self.device)
-                chunk_prefixes = [prefixes[i] for i in chunk]
-                completions = self._decode(chunk_prefixes, n, params, limits, rescue, rescue_len, generator)
-                for i, row in zip(chunk, completions, strict=True):
-                    results[i] = row
-                if on_chunk is not None:
-                    on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
-        return results
 
     def _check(
         self,

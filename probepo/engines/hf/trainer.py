@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from probepo.engines.base import TrainerState
 from probepo.engines.hf.loading import read_weights, with_tied_weights
+from probepo.engines.packing import pack_responses
 from probepo.engines.trainer import OPTIMIZER_FILE, TRAINER_FILE, TorchTrainerEngine
 
 if TYPE_CHECKING:
@@ -96,22 +97,8 @@ class HFTrainerEngine(TorchTrainerEngine):
         from (logits / temperature); zeros where mask is False. With grad, logp carries the gradient and
         each head chunk is checkpointed; entropy never does.
         """
-        if len(prompts) != len(responses):
-            raise ValueError(f"{len(prompts)} prompts for {len(responses)} responses")
-        if any(not p for p in prompts):
-            raise ValueError("every prompt holds at least one token")
-        width = max(len(p) + len(r) for p, r in zip(prompts, responses, strict=True))
-        ids = torch.zeros(len(prompts), width, dtype=torch.long)
-        for i, (p, r) in enumerate(zip(prompts, responses, strict=True)):
-            ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        prompt_len = torch.tensor([len(p) for p in prompts])
-        response_len = torch.tensor([len(r) for r in responses])
-        T = max(int(response_len.max()), 1)
-        # response token t of row i sits at index len(p_i) + t and is predicted at index len(p_i) + t − 1
-        at = (prompt_len[:, None] - 1 + torch.arange(T)[None, :]).clamp(max=width - 1)
-        mask = torch.arange(T)[None, :] < response_len[:, None]
-        targets = ids.gather(1, (at + 1).clamp(max=width - 1))[mask].to(self.device)
-        ids, at, mask = ids.to(self.device), at.to(self.device), mask.to(self.device)
+        ids, at, targets, mask = (x.to(self.device) for x in pack_responses(prompts, responses))
+        targets = targets[mask]
         with torch.set_grad_enabled(grad), self._autocast():
             hidden = self.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # [B, width, H]
             picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))[mask]  # [M, H]
