@@ -2,11 +2,17 @@
 # The services the test suite needs, all of them real: a single-node SLURM 22.05 cluster with accounting
 # (infra/slurm), an S3 endpoint (infra/s3) and a Prefect server (infra/prefect). `start` installs what is
 # missing (idempotent) and writes the environment a shell needs to .services.env; `stop` stops every one
-# of them and leaves no process.
+# of them and leaves no process. `start --fresh` (the test command's) first stops whatever runs (perhaps
+# started from another checkout, or left by a killed session) and gives Prefect an empty database, so that
+# no flow run scheduled earlier is picked up by the new worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
   start)
+    if [[ ${2:-} == --fresh ]]; then
+      "$0" stop
+      export PROBEPO_PREFECT_FRESH=1
+    fi
     bash infra/slurm/install.sh >&2
     : >.services.env
     for service in slurm s3 prefect; do  # each starts with the environment of those before it
@@ -24,7 +30,7 @@ case "${1:-}" in
     rm -f .services.env
     ;;
   *)
-    echo "usage: scripts/services.sh start|stop" >&2
+    echo "usage: scripts/services.sh start [--fresh] | stop" >&2
     exit 2
     ;;
 esac

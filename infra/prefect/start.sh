@@ -4,6 +4,7 @@
 # (eval "$(bash infra/prefect/start.sh)"); idempotent: when it already answers, it just prints them.
 # Beyond loopback, set PREFECT_SERVER_API_AUTH_STRING=user:password (clients: PREFECT_API_AUTH_STRING) and
 # --host; PostgreSQL instead of SQLite: PREFECT_SERVER_DATABASE_CONNECTION_URL (see README).
+# PROBEPO_PREFECT_FRESH=1 deletes the SQLite database before a cold start (scripts/services.sh start --fresh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 STATE=${PROBEPO_PREFECT_DIR:-/tmp/probepo-prefect}
@@ -32,6 +33,11 @@ if alive server && healthy; then
   start_worker
   print_env
   exit 0
+fi
+if [[ ${PROBEPO_PREFECT_FRESH:-0} == 1 ]]; then
+  # A cold start for the tests: the SQLite database of an earlier server goes, with its flow runs.
+  rm -f "$STATE"/home/prefect.db*
+  echo "probepo-prefect: starting on an empty database (PROBEPO_PREFECT_FRESH=1)" >&2
 fi
 PREFECT_HOME=$STATE/home PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_SHOW_PROMOTIONAL_CONTENT=false \
   setsid "$PREFECT" server start --host 127.0.0.1 --port "$PORT" --analytics-off </dev/null \

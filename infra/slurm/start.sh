@@ -282,7 +282,17 @@ slurmctld 9>&-
 wait_for 30 slurmctld scontrol ping
 log "starting slurmd -N $NODE"
 slurmd -N "$NODE" 9>&-
-node_idle() { [[ $(sinfo -h -N -n "$NODE" -o %T) == idle* ]]; }
+# This is a cold start: jobs the controller recovers from its saved state belong to a cluster that died
+# without stop.sh (killed, a machine snapshot); their processes went with it, and one recorded as running
+# would hold the node (state mixed) for ever. Cancel them; their records stay in sacct.
+leftover=$(squeue -h -o %i | tr '\n' ' ')
+if [[ -n ${leftover// /} ]]; then
+  log "cancelling jobs recovered from the previous cluster's state: $leftover"
+  # shellcheck disable=SC2086  # one id per word
+  scancel $leftover
+fi
+# scontrol, not sinfo: after such a cancel sinfo went on printing "mixed" from a cached node table.
+node_idle() { [[ $(scontrol -o show node "$NODE") == *" State=IDLE "* ]]; }
 wait_for 30 "node $NODE idle" node_idle
 wait_for 30 sacct sacct -n -X -a -S now
 # Readable pid files let any user run start.sh (prints the env) and check.sh.
