@@ -4,9 +4,9 @@
 The run config is the flow's parameter, so the deployment's run form is the pydantic model (its field
 docstrings are the form's descriptions). Prefect checks each field against the schema; the flow checks the
 whole config (the cross-field rules) before anything is submitted. What the UI shows per run: a progress
-artifact (updates done of the total, updated in place), a table of metrics per update and a markdown
-report. Cancelling a flow run ends its stage jobs and records the cancellation in the store; a later
-`resume` completes the run.
+artifact (updates done of the total, updated in place), a table of metrics per update, a markdown
+report, and where a run that starts again resumes. Cancelling a flow run ends its stage jobs and records
+the cancellation in the store; a later `resume` completes the run.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from prefect.states import Cancelled, State
 
 from flows.runner import PrefectStageRunner
 from probepo.config import RunConfig
-from probepo.pipeline import recorded_updates
+from probepo.pipeline import recorded_updates, resume_point
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
 from probepo.presets import ConfigError, load_profile, validate_run_config, with_overrides
@@ -59,6 +59,22 @@ class Progress:
             update_progress_artifact(self.artifact, 100.0 * (update + 1) / self.num_updates)
 
 
+def show_resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
+    """When a run starts again, where it goes on: a markdown artifact (the driver logs it too)."""
+    if run_id not in store.runs():  # a first start: its recipe is frozen by the driver
+        return
+    start = resume_point(store, run_id, config)
+    if start.done:
+        return
+    inside = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
+    create_markdown_artifact(
+        f"# Run {run_id} resumed\n\nat update {start.update} of {config.num_updates}, stage"
+        f" `{start.stage}`{inside}; everything before is committed in `{store.url}` and is not run again.",
+        key=artifact_key(run_id, "resume"),
+        description=f"run {run_id}: where it resumed",
+    )
+
+
 def publish_results(store: ArtifactStore, run_id: str) -> None:
     """The metrics table and the markdown report of a run, as artifacts of this flow run."""
     records = store.read_metrics(run_id)
@@ -84,6 +100,7 @@ def _drive(
     except (ConfigError, SlurmUnavailable) as exc:
         raise ValueError(str(exc)) from None  # before any job is submitted
     store = store or open_store(config.store)
+    show_resume_point(store, run_id, config)
     try:
         metrics = drive(
             config,

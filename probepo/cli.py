@@ -352,16 +352,31 @@ def demo(
     seed: Annotated[int, typer.Option("--seed", help="Run seed of both arms.")] = 0,
 ) -> None:
     """The CPU testbed end to end: warm-up (or reuse), then GRPO and ProbePO side by side, then a report."""
-    from probepo.demo import run_demo
-
     store = store or os.environ.get("PROBEPO_STORE")
     overrides: dict[str, Any] = {"seed": seed, **({"store": store} if store else {})}
     try:
         run_config = load_run_config(config, overrides, blame={"seed": "--seed", "store": "--store"})
-        report = run_demo(run_config, config, outdir)
+        report = _demo_report(run_config, outdir)
     except (OSError, ValueError, StoreError, RuntimeError) as exc:
         raise _fail(str(exc)) from None
     typer.echo(f"report: {report}")
+
+
+def _demo_report(config: RunConfig, outdir: Path) -> str:
+    """The demo flow in this process (PREFECT_API_URL's server, else a temporary one Prefect starts), or,
+    where Prefect is not installed (no `flows` extra), the same steps without it."""
+    try:
+        from flows.demo import demo as demo_flow
+    except ModuleNotFoundError as exc:
+        if not (exc.name or "").startswith("prefect"):
+            raise
+        from probepo.demo import run_demo
+
+        return str(run_demo(config, outdir))
+    state = demo_flow(config, str(outdir), return_state=True)
+    if not state.is_completed():
+        raise RuntimeError(f"the demo flow ended {state.name}: {state.message}")
+    return state.result()
 
 
 @app.command()

@@ -51,17 +51,22 @@ def _updates_done(store: ArtifactStore, run_id: str) -> int:
         return 0
 
 
-def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | None = None) -> Path:
-    """Run the demo; returns the markdown report's path. Raises RuntimeError naming a failed arm's log."""
-    console = console or Console()
-    outdir.mkdir(parents=True, exist_ok=True)
+def warm_up(config: RunConfig, console: Console) -> str:
+    """The shared supervised warm-up of the preset (made, or reused from the store); returns its run id."""
     store = open_store(config.store)
-    started = time.perf_counter()
     with console.status("warm-up: supervised training until accuracy enters the window (or reuse)"):
         warmup_id = ensure_warmup(config, store)
     warm = store.marker(warmup_id, 0, "warmup")["summary"]
     console.print(f"warm-up {warmup_id}: accuracy {100 * warm['accuracy']:.1f}% after {warm['steps']} steps")
+    return warmup_id
 
+
+def train_arms(config: RunConfig, outdir: Path, console: Console) -> list[str]:
+    """Both arms at once, each `probepo train` in its own process (one torch thread), with a progress bar
+    each read from the store's ledger; returns their run ids. Raises RuntimeError naming a failed arm's
+    log."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    store = open_store(config.store)
     arms = {}
     for algorithm, (run_id, arm) in arm_runs(config).items():
         path = outdir / f"{algorithm}.yaml"
@@ -102,8 +107,13 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
                 f"the {algorithm} arm failed (exit {child.returncode}); end of its log "
                 f"{outdir / f'{algorithm}.log'}:\n" + "\n".join(tail)
             )
+    return [arms[a][0] for a in ARMS]
 
-    run_ids = [arms[a][0] for a in ARMS]
+
+def summarize(config: RunConfig, run_ids: list[str], outdir: Path, console: Console) -> Path:
+    """The report (markdown and plot) of both arms, and a table and verdicts on the console; returns the
+    report's path."""
+    store = open_store(config.store)
     report = write_report(store, run_ids, outdir, title="Demo: GRPO vs ProbePO on the CPU testbed")
     table = Table(
         title=f"Held-out accuracy (Mean@{config.eval.samples_per_problem}, {config.eval.problems} problems)"
@@ -134,5 +144,16 @@ def run_demo(config: RunConfig, preset: Path, outdir: Path, console: Console | N
         "One seed, one evaluation set: this shows what each arm did here and what probing costs, not which"
         " method is better (bench/science.py: many seeds, paired intervals)."
     )
-    console.print(f"demo wall time {time.perf_counter() - started:.0f} s; plot {outdir / 'curves.png'}")
+    console.print(f"plot {outdir / 'curves.png'}")
+    return report
+
+
+def run_demo(config: RunConfig, outdir: Path, console: Console | None = None) -> Path:
+    """Run the demo in this process (the `demo` flow runs the same three steps as task runs); returns the
+    markdown report's path."""
+    console = console or Console()
+    started = time.perf_counter()
+    warm_up(config, console)
+    report = summarize(config, train_arms(config, outdir, console), outdir, console)
+    console.print(f"demo wall time {time.perf_counter() - started:.0f} s")
     return report

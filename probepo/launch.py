@@ -33,6 +33,11 @@ def create_flow_run(deployment: str, parameters: dict[str, Any]) -> str:
             f"no deployment {deployment!r} on {api}: `prefect deploy --all` creates it"
         ) from None
     except PrefectHTTPStatusError as exc:
+        if exc.response.status_code == 401:
+            raise LaunchError(
+                f"the Prefect server at {api} wants its password: set PREFECT_API_AUTH_STRING=user:password"
+                " (infra/prefect/start.sh prints it)"
+            ) from None
         raise LaunchError(f"the Prefect server at {api} refused the flow run: {exc}") from None
     except (httpx.TransportError, OSError) as exc:
         raise LaunchError(f"the Prefect server at PREFECT_API_URL={api} does not answer ({exc})") from None

@@ -48,8 +48,8 @@ class RunCurves:
 
     @property
     def gain_within_noise(self) -> bool:
-        """The gain is less than two standard errors from zero (or has no standard error)."""
-        return not abs(self.gain_points) >= 2 * self.gain_stderr_points
+        """The gain is less than two standard errors from zero (or has no standard error), or is zero."""
+        return self.gain_points == 0 or not abs(self.gain_points) >= 2 * self.gain_stderr_points
 
     def _at_evals(self, cumulative: list[float]) -> list[float]:
         # Policy u is evaluated before update u trains: it has cost the updates 0..u-1.

@@ -10,11 +10,13 @@ cd "$(dirname "$0")/.."
 case "${1:-}" in
   start)
     if [[ ${2:-} == --fresh ]]; then
-      "$0" stop
+      bash scripts/services.sh stop
       export PROBEPO_PREFECT_FRESH=1
     fi
     bash infra/slurm/install.sh >&2
+    bash infra/browser/install.sh  # not a service: the UI tests' browser
     : >.services.env
+    chmod 600 .services.env  # it holds the Prefect API's password
     for service in slurm s3 prefect; do  # each starts with the environment of those before it
       bash "infra/$service/start.sh" >>.services.env
       set -a

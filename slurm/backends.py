@@ -95,12 +95,12 @@ class SlurmBackend:
     def check(self) -> None:
         accounting.check_slurm()
 
-    def parameters(self, request: StageRequest, resources: StageResources) -> dict[str, object]:
-        """submitit SlurmExecutor parameters for one submission."""
+    def parameters(self, job_name: str, resources: StageResources) -> dict[str, object]:
+        """submitit SlurmExecutor parameters for one submission (a stage's job, or an array)."""
         # The batch script sets SUBMITIT_EXECUTOR for the step it starts: srun passes only listed names.
         exported = sorted({*self.profile.exported(dict(os.environ)), "SUBMITIT_EXECUTOR"})
         parameters: dict[str, object] = {
-            "job_name": _job_name(request),
+            "job_name": job_name,
             "nodes": resources.nodes,
             "ntasks_per_node": resources.tasks_per_node,
             "cpus_per_task": resources.cpus_per_task,
@@ -125,7 +125,7 @@ class SlurmBackend:
         from submitit.core.utils import FailedJobError
 
         executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        executor.update_parameters(**self.parameters(request, resources))
+        executor.update_parameters(**self.parameters(_job_name(request), resources))
         for attempt in range(SUBMIT_TRIES):
             try:
                 return str(executor.submit(run_stage_job, request).job_id)

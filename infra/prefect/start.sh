@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
-# Start a Prefect 3 server on loopback (SQLite under $PROBEPO_PREFECT_DIR) and a process worker polling the
+# Start a Prefect 3 server (SQLite under $PROBEPO_PREFECT_DIR) and a process worker polling the
 # `probepo` work pool (created if missing), from this repository's venv. Stdout: `export` lines only
 # (eval "$(bash infra/prefect/start.sh)"); idempotent: when it already answers, it just prints them.
-# Beyond loopback, set PREFECT_SERVER_API_AUTH_STRING=user:password (clients: PREFECT_API_AUTH_STRING) and
-# --host; PostgreSQL instead of SQLite: PREFECT_SERVER_DATABASE_CONNECTION_URL (see README).
+# The API always requires basic authentication — even on loopback, which every user of a shared login node
+# reaches: PREFECT_SERVER_API_AUTH_STRING=user:password if set, else one generated once per state folder
+# (kept 0600 in $STATE/auth); clients get it as PREFECT_API_AUTH_STRING from the printed exports.
+# PROBEPO_PREFECT_HOST=0.0.0.0 listens beyond loopback; PostgreSQL instead of SQLite:
+# PREFECT_SERVER_DATABASE_CONNECTION_URL (see README).
 # PROBEPO_PREFECT_FRESH=1 deletes the SQLite database before a cold start (scripts/services.sh start --fresh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -11,19 +14,38 @@ STATE=${PROBEPO_PREFECT_DIR:-/tmp/probepo-prefect}
 PORT=${PROBEPO_PREFECT_PORT:-14200}
 PREFECT=${PREFECT:-.venv/bin/prefect}
 PYTHON=${PYTHON:-.venv/bin/python}
+HOST=${PROBEPO_PREFECT_HOST:-127.0.0.1}
 API="http://127.0.0.1:$PORT/api"
+# Where the UI in a browser finds the API (else it looks on Prefect's default port, 4200).
+if [[ $HOST == 127.0.0.1 || $HOST == localhost ]]; then
+  UI_API=${PREFECT_UI_API_URL:-$API}
+else
+  UI_API=${PREFECT_UI_API_URL:-http://$(hostname -f 2>/dev/null || hostname):$PORT/api}
+fi
 healthy() { "$PYTHON" -c "import urllib.request; urllib.request.urlopen('$API/health', timeout=2)" 2>/dev/null; }
 print_env() {
   echo "export PREFECT_API_URL=$API"
+  printf 'export PREFECT_API_AUTH_STRING=%q\n' "$(cat "$STATE/auth")"
   echo "export PREFECT_HOME=$STATE/home"
   echo "export PREFECT_SERVER_ANALYTICS_ENABLED=false"
 }
 
 mkdir -p "$STATE/home"
+if [[ -n ${PREFECT_SERVER_API_AUTH_STRING:-} ]]; then
+  [[ $PREFECT_SERVER_API_AUTH_STRING == *:* ]] || {
+    echo "probepo-prefect: PREFECT_SERVER_API_AUTH_STRING must be user:password" >&2
+    exit 2
+  }
+  (umask 077; printf '%s' "$PREFECT_SERVER_API_AUTH_STRING" >"$STATE/auth")
+elif [[ ! -s $STATE/auth ]]; then
+  (umask 077; printf 'probepo:%s' "$(head -c 18 /dev/urandom | base64 | tr -dc 'A-Za-z0-9')" >"$STATE/auth")
+fi
+AUTH=$(cat "$STATE/auth")
 alive() { [[ -s $STATE/$1.pid ]] && kill -0 "$(cat "$STATE/$1.pid")" 2>/dev/null; }
 start_worker() {
   alive worker && return 0
-  PREFECT_API_URL=$API PREFECT_HOME=$STATE/home PREFECT_WORKER_QUERY_SECONDS=${PROBEPO_PREFECT_POLL_S:-2} \
+  PREFECT_API_URL=$API PREFECT_API_AUTH_STRING=$AUTH PREFECT_HOME=$STATE/home \
+    PREFECT_WORKER_QUERY_SECONDS=${PROBEPO_PREFECT_POLL_S:-2} \
     setsid "$PREFECT" worker start --pool probepo --type process --create-pool-if-not-found \
     --name probepo-worker </dev/null >"$STATE/worker.log" 2>&1 &
   echo $! >"$STATE/worker.pid"
@@ -40,7 +62,8 @@ if [[ ${PROBEPO_PREFECT_FRESH:-0} == 1 ]]; then
   echo "probepo-prefect: starting on an empty database (PROBEPO_PREFECT_FRESH=1)" >&2
 fi
 PREFECT_HOME=$STATE/home PREFECT_SERVER_ANALYTICS_ENABLED=false PREFECT_UI_SHOW_PROMOTIONAL_CONTENT=false \
-  setsid "$PREFECT" server start --host 127.0.0.1 --port "$PORT" --analytics-off </dev/null \
+  PREFECT_SERVER_API_AUTH_STRING=$AUTH PREFECT_SERVER_API_PORT=$PORT PREFECT_UI_API_URL=$UI_API \
+  setsid "$PREFECT" server start --host "$HOST" --port "$PORT" --analytics-off </dev/null \
   >"$STATE/server.log" 2>&1 &
 echo $! >"$STATE/server.pid"
 for _ in $(seq 1 300); do

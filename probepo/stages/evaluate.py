@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.schedule import EVAL_RESULTS, EVALUATE
 from probepo.stages.common import generation_engine, response_budget, sampling_params, task_of
@@ -23,6 +24,8 @@ from probepo.store.formats import table_to_parquet
 
 STAGE = EVALUATE
 RESULTS = EVAL_RESULTS
+HELDOUT = "heldout"
+"""The suite of a run's own eval split (its `eval` settings); every other suite is a benchmark."""
 
 
 @dataclass(frozen=True)
@@ -49,20 +52,64 @@ def _per_problem(ctx: StageContext, task: Task, suite: Suite, temperature: float
     return [sum(rewards[i * k : (i + 1) * k]) / k for i in range(len(suite.problems))]
 
 
+def heldout_suite(ctx: StageContext, task: Task) -> Suite:
+    """The run's own eval split: problems 0..problems-1, `samples_per_problem` samples each."""
+    settings = ctx.config.eval
+    return Suite(
+        HELDOUT, [task.problem(i, "eval") for i in range(settings.problems)], settings.samples_per_problem
+    )
+
+
+def benchmark_suite(ctx: StageContext, name: str) -> Suite:
+    """A benchmark as a suite: its problems (the first `benchmark_problems`, or all) and k (the study's
+    Mean@k, or `benchmark_samples`)."""
+    from probepo.data.benchmarks import BENCHMARKS, load_benchmark
+    from probepo.data.math_sources import from_benchmark
+
+    settings = ctx.config.eval
+    problems = [from_benchmark(p) for p in load_benchmark(name, ctx.config.task.benchmarks_root)]
+    return Suite(
+        name,
+        problems[: settings.benchmark_problems],
+        settings.benchmark_samples or BENCHMARKS[name].mean_at_k or 1,
+    )
+
+
+def suites_for(config: RunConfig) -> tuple[str, ...]:
+    """The suites a run's checkpoints can be evaluated on: its held-out split, and for a maths run every
+    benchmark (a testbed model cannot read them)."""
+    from probepo.data.benchmarks import BENCHMARKS
+
+    return (HELDOUT, *BENCHMARKS) if config.task.kind == "math" else (HELDOUT,)
+
+
+def score_suite(
+    ctx: StageContext, task: Task, suite: Suite
+) -> tuple[dict[str, float | int], dict[str, list]]:
+    """Mean@k of policy k on `suite` at the run's eval temperature: a summary (mean, stderr, problems, k)
+    and the per-problem table (id, fraction correct)."""
+    temperature = ctx.config.eval.temperature
+    correct = _per_problem(ctx, task, suite, temperature)
+    mean, stderr = mean_and_stderr(correct)
+    k = 1 if temperature == 0 else suite.k
+    ids = [getattr(p, "id", "") for p in suite.problems]
+    return {"mean": mean, "stderr": stderr, "problems": len(suite.problems), "k": k}, {
+        "id": ids,
+        "correct": correct,
+    }
+
+
 def _heldout(ctx: StageContext, task: Task) -> None:
     settings = ctx.config.eval
-    suite = Suite(
-        "heldout", [task.problem(i, "eval") for i in range(settings.problems)], settings.samples_per_problem
-    )
-    correct = _per_problem(ctx, task, suite, settings.temperature)
-    accuracy, stderr = mean_and_stderr(correct)
+    suite = heldout_suite(ctx, task)
+    scored, scored_table = score_suite(ctx, task, suite)
     summary = {
-        "accuracy": accuracy,
-        "stderr": stderr,
-        "problems": len(suite.problems),
-        "samples_per_problem": 1 if settings.temperature == 0 else suite.k,
+        "accuracy": scored["mean"],
+        "stderr": scored["stderr"],
+        "problems": scored["problems"],
+        "samples_per_problem": scored["k"],
     }
-    table = {"problem": list(range(len(suite.problems))), "correct": correct}
+    table = {"problem": list(range(len(suite.problems))), "correct": scored_table["correct"]}
     if settings.greedy and settings.temperature != 0:
         table["greedy_correct"] = _per_problem(ctx, task, suite, 0.0)
         summary["greedy_accuracy"], summary["greedy_stderr"] = mean_and_stderr(table["greedy_correct"])
@@ -70,17 +117,8 @@ def _heldout(ctx: StageContext, task: Task) -> None:
 
 
 def benchmark_suites(ctx: StageContext) -> list[Suite]:
-    """The run's benchmarks as suites: their problems (the first `benchmark_problems` of each, or all) and
-    k (the study's Mean@k, or `benchmark_samples`)."""
-    from probepo.data.benchmarks import BENCHMARKS, load_benchmark
-    from probepo.data.math_sources import from_benchmark
-
-    settings, root = ctx.config.eval, ctx.config.task.benchmarks_root
-    suites = []
-    for name in settings.benchmarks:
-        problems = [from_benchmark(p) for p in load_benchmark(name, root)][: settings.benchmark_problems]
-        suites.append(Suite(name, problems, settings.benchmark_samples or BENCHMARKS[name].mean_at_k or 1))
-    return suites
+    """The run's benchmarks (`eval.benchmarks`) as suites."""
+    return [benchmark_suite(ctx, name) for name in ctx.config.eval.benchmarks]
 
 
 def _benchmarks(ctx: StageContext, task: Task) -> None:
@@ -88,19 +126,10 @@ def _benchmarks(ctx: StageContext, task: Task) -> None:
 
     files, summary, means, errors = {}, {}, {}, {}
     for suite in benchmark_suites(ctx):
-        correct = _per_problem(ctx, task, suite, ctx.config.eval.temperature)
-        means[suite.name], errors[suite.name] = mean_and_stderr(correct)
-        files[f"eval-{suite.name}.parquet"] = table_to_parquet(
-            {"id": [getattr(p, "id", "") for p in suite.problems], "correct": correct}
-        )
-        summary.update(
-            {
-                f"{suite.name}/mean": means[suite.name],
-                f"{suite.name}/stderr": errors[suite.name],
-                f"{suite.name}/problems": len(suite.problems),
-                f"{suite.name}/k": suite.k,
-            }
-        )
+        scored, table = score_suite(ctx, task, suite)
+        means[suite.name], errors[suite.name] = scored["mean"], scored["stderr"]
+        files[f"eval-{suite.name}.parquet"] = table_to_parquet(table)
+        summary.update({f"{suite.name}/{key}": value for key, value in scored.items()})
     if set(AVG6_BENCHMARKS) <= set(means):
         summary["avg6"] = avg6(means)
         summary["avg6_stderr"] = math.sqrt(sum(errors[name] ** 2 for name in AVG6_BENCHMARKS)) / len(

@@ -122,6 +122,14 @@ class RunLayout:
         return f"{self.cancellations_root}{record_id}.json"
 
     @property
+    def evaluations_root(self) -> str:
+        return self.root + "evaluations/"
+
+    def evaluation(self, k: int, suite: str) -> str:
+        """The evaluation of checkpoint `k` on benchmark suite `suite` (nightly or `probepo evaluate`)."""
+        return f"{self.evaluations_root}{update(k):06d}/{file_name(suite)}.json"
+
+    @property
     def ledger_root(self) -> str:
         return self.root + "ledger/"
 

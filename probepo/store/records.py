@@ -1,5 +1,6 @@
 """What a run records beside its commits: metrics, the attempts at each stage, the jobs submitted for
-them, and the extensions of its number of updates. Small JSON documents, each under its own key."""
+them, the extensions of its number of updates, its cancellations and the evaluations of its checkpoints.
+Small JSON documents, each under its own key."""
 
 from __future__ import annotations
 
@@ -62,6 +63,29 @@ class RunRecords:
         root = RunLayout(run_id).cancellations_root
         found = [from_json_bytes(self.objects.get_bytes(i.key)) for i in self.objects.list(root)]
         return sorted(found, key=lambda record: record["at"])
+
+    def record_evaluation(self, run_id: str, checkpoint: int, suite: str, record: Mapping[str, Any]) -> bool:
+        """Commit (create-only) the evaluation of checkpoint `checkpoint` on `suite`; False when there is one
+        already (another night's, a concurrent evaluation's): the first stays, nothing is overwritten."""
+        self.read_run(run_id)
+        stamped = {
+            **record,
+            "checkpoint": checkpoint,
+            "suite": suite,
+            "at": utc_now(),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
+        }
+        key = RunLayout(run_id).evaluation(checkpoint, suite)
+        return self.objects.put_if_absent(key, to_json_bytes(stamped)) is not None
+
+    def evaluations(self, run_id: str) -> dict[tuple[int, str], dict[str, Any]]:
+        """The run's checkpoint evaluations by (checkpoint, suite)."""
+        found = {}
+        for info in self.objects.list(RunLayout(run_id).evaluations_root):
+            record = from_json_bytes(self.objects.get_bytes(info.key))
+            found[(record["checkpoint"], record["suite"])] = record
+        return found
 
     def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""

@@ -1,14 +1,20 @@
 """prefect.yaml's deployments on the real server and process worker of infra/prefect: a train run created
-through the API as the UI's Run button does, run by the worker to the same bits as the plain driver, and
-parameters that break the schema refused by the API before any flow run exists."""
+through the API as the UI's Run button does, run by the worker to the same bits as the plain driver;
+parameters that break the schema refused by the API before any flow run exists; a flow-run process killed
+mid-stage, then the resume deployment re-attaching to its job; cancelling; the nightly schedule; and the
+API's basic authentication (every call of these tests, and of the worker, carries the password)."""
 
 from __future__ import annotations
 
+import base64
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from uuid import UUID
 
@@ -16,34 +22,17 @@ import pytest
 import yaml
 
 from probepo.pipeline import train
+from tests.flows import NEEDS_PREFECT
 from tests.pipeline.conftest import tiny_config
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        not os.environ.get("PREFECT_API_URL"),
-        reason="needs the Prefect server and worker of infra/prefect (scripts/test starts them)",
-    ),
+    NEEDS_PREFECT,
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
-
-
-@pytest.fixture(scope="module")
-def deployments() -> dict[str, object]:
-    """`prefect deploy --all` of prefect.yaml, as a user runs it; the deployments by name."""
-    from prefect import get_client
-
-    env = {**os.environ, "PROBEPO_ROOT": str(ROOT)}
-    done = subprocess.run(
-        [str(ROOT / ".venv" / "bin" / "prefect"), "deploy", "--all", "--no-prompt"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
-    with get_client(sync_client=True) as client:
-        return {name: client.read_deployment_by_name(f"{name}/{name}") for name in ("train", "resume")}
 
 
 def _wait_for_end(flow_run_id, timeout_s: float = 600):
@@ -114,6 +103,7 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     deployments, warm_store, profile_path, drill_baseline
 ):
     from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from prefect.states import Cancelling
 
     from flows.train import resume as resume_flow
@@ -146,6 +136,11 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     state = resume_flow("cancelled", store=warm_store.url, executor="slurm", profile=str(profile_path),
                         return_state=True)  # fmt: skip
     assert state.is_completed(), state.message
+    with get_client(sync_client=True) as client:
+        [shown] = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["cancelled-resume"]))
+        )
+    assert "resumed" in shown.data and "at update 0 of 1" in shown.data
     final = warm_store.read_stage("cancelled", 1, "checkpoint")
     assert {name: final[name] for name in FILES} == drill_baseline
 
@@ -168,3 +163,87 @@ def _wait_until(condition, timeout_s: float = 300):
             return value
         time.sleep(0.5)
     raise AssertionError(f"not within {timeout_s} s")
+
+
+def test_a_killed_flow_run_is_resumed_by_the_resume_deployment_without_submitting_twice(
+    deployments, warm_store, profile_path, drill_baseline
+):
+    from prefect import get_client
+
+    from tests.slurm.conftest import drill_config
+
+    config = drill_config(store=warm_store.url)
+    parameters = {"config": config.model_dump(mode="json"), "run_id": "killed", "executor": "slurm",
+                  "profile": str(profile_path)}  # fmt: skip
+    with get_client(sync_client=True) as client:
+        created = client.create_flow_run_from_deployment(deployments["train"].id, parameters=parameters)
+        # the sample stage's job running: the flow-run process dies with it in flight
+        running = _wait_until(
+            lambda: [
+                j for j in _jobs("killed", warm_store) if j["stage"] == "sample" and j["state"] == "RUNNING"
+            ]
+        )
+        pid = _wait_until(lambda: client.read_flow_run(created.id).infrastructure_pid)
+        os.kill(int(str(pid).rsplit(":", 1)[-1]), signal.SIGKILL)
+        assert not _wait_for_end(created.id, timeout_s=120).state.is_completed()
+        [in_flight] = running
+        assert str(in_flight["job_id"]) in _in_squeue()  # the stage job outlived its driver
+        resumed = client.create_flow_run_from_deployment(
+            deployments["resume"].id,
+            parameters={"run_id": "killed", "store": warm_store.url, "executor": "slurm",
+                        "profile": str(profile_path)},
+        )  # fmt: skip
+    assert _wait_for_end(resumed.id).state.is_completed()
+    sample_jobs = warm_store.jobs("killed", 0, "sample")
+    assert [job["job_id"] for job in sample_jobs] == [in_flight["job_id"]]  # re-attached, not submitted again
+    assert all(
+        len(warm_store.jobs("killed", j["update"], j["stage"])) == 1 for j in warm_store.jobs("killed")
+    )
+    final = warm_store.read_stage("killed", 1, "checkpoint")
+    assert {name: final[name] for name in FILES} == drill_baseline
+
+
+def test_the_nightly_deployment_is_scheduled_at_two_one_night_at_a_time(deployments):
+    from prefect import get_client
+    from prefect.client.schemas.filters import (
+        DeploymentFilter,
+        DeploymentFilterId,
+        FlowRunFilter,
+        FlowRunFilterState,
+        FlowRunFilterStateType,
+    )
+    from prefect.client.schemas.objects import StateType
+
+    nightly = deployments["nightly-eval"]
+    [schedule] = nightly.schedules
+    assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.active) == ("0 2 * * *", "UTC", True)
+    assert nightly.global_concurrency_limit.limit == 1
+    with get_client(sync_client=True) as client:
+        scheduled = _wait_until(
+            lambda: client.read_flow_runs(
+                deployment_filter=DeploymentFilter(id=DeploymentFilterId(any_=[nightly.id])),
+                flow_run_filter=FlowRunFilter(
+                    state=FlowRunFilterState(type=FlowRunFilterStateType(any_=[StateType.SCHEDULED]))
+                ),
+            ),
+            timeout_s=60,
+        )
+    times = sorted(run.expected_start_time for run in scheduled)
+    assert all((t.hour, t.minute) == (2, 0) for t in times) and len({t.date() for t in times}) == len(times)
+
+
+def test_the_api_refuses_a_call_without_its_password():
+    api, password = os.environ["PREFECT_API_URL"], os.environ["PREFECT_API_AUTH_STRING"]
+
+    def call(auth: str | None) -> int:
+        request = urllib.request.Request(f"{api}/flows/filter", data=b"{}", method="POST",
+                                         headers={"Content-Type": "application/json"})  # fmt: skip
+        if auth is not None:
+            request.add_header("Authorization", "Basic " + base64.b64encode(auth.encode()).decode())
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                return answer.status
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    assert (call(None), call("probepo:wrong"), call(password)) == (401, 401, 200)

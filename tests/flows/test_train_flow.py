@@ -4,7 +4,6 @@ anything runs."""
 
 from __future__ import annotations
 
-import os
 import time
 from uuid import UUID
 
@@ -12,14 +11,12 @@ import pytest
 
 from probepo.pipeline import train
 from probepo.schedule import stages_for_update
+from tests.flows import NEEDS_PREFECT
 from tests.pipeline.conftest import tiny_config
 
 pytestmark = [
     pytest.mark.integration,
-    pytest.mark.skipif(
-        not os.environ.get("PREFECT_API_URL"),
-        reason="needs the Prefect server of infra/prefect (PREFECT_API_URL; scripts/test starts it)",
-    ),
+    NEEDS_PREFECT,
 ]
 
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")

@@ -1,0 +1,112 @@
+"""The `evaluate` and `nightly_eval` flows: checkpoints evaluated after the fact (probepo/evaluations.py),
+every missing (checkpoint, suite) pair one task of a SLURM job array (split to MaxArraySize), each result
+committed create-only beside its run, so a second night — or a run started while another is going — does
+nothing twice. Neither takes a run's lease: they only read checkpoints.
+
+What the UI shows: a task run per job array (`evaluate · array <id> · <n> tasks`; inline, one per pair), a
+table artifact of what was evaluated, and the flow run fails (after committing every result that came)
+when a pair could not be evaluated, naming it and its job; the next night retries exactly those.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_table_artifact
+
+from flows.runner import stage_task
+from flows.train import Executor, artifact_key
+from probepo.evaluations import EvaluationRequest, check_suites, evaluate_checkpoint, missing
+from probepo.presets import ConfigError, load_profile
+from probepo.store import open_store
+from slurm.accounting import SlurmUnavailable
+from slurm.arrays import run_array
+
+DEFAULT_SUITES = ("heldout",)
+
+
+def _evaluate(
+    requests: list[EvaluationRequest], executor: Executor, profile: str | None, name: str
+) -> dict[str, Any]:
+    logger = get_run_logger()
+    try:
+        execution = load_profile(profile)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+    logger.info(f"{len(requests)} evaluations to do ({executor})")
+    work: Callable[[EvaluationRequest], str] = evaluate_checkpoint
+    if executor == "inline":  # one task run per pair, named after it
+
+        def work(request: EvaluationRequest) -> str:
+            named = stage_task.with_options(task_run_name=f"evaluate · {request.describe()}")
+            return named(lambda: evaluate_checkpoint(request))
+
+    def watch(array_id: str, count: int, wait: Callable[[], None]) -> None:
+        tasks = f"{count} task{'' if count == 1 else 's'}"
+        stage_task.with_options(task_run_name=f"evaluate · array {array_id} · {tasks}")(wait)
+
+    try:
+        outcomes = run_array(executor, work, requests, execution, name=name, watch=watch)
+    except SlurmUnavailable as exc:
+        raise ValueError(str(exc)) from None
+    rows, failed, stores = [], [], {}
+    for request, outcome in zip(requests, outcomes, strict=True):
+        row = {"run": request.run_id, "checkpoint": request.checkpoint, "suite": request.suite,
+               "job": outcome.job_id, "outcome": outcome.result or "failed"}  # fmt: skip
+        if outcome.error is not None:
+            failed.append(f"{request.describe()} (job {outcome.job_id}): {outcome.error}")
+        else:
+            if request.store_url not in stores:
+                stores[request.store_url] = open_store(request.store_url)
+            record = stores[request.store_url].evaluations(request.run_id)[
+                (request.checkpoint, request.suite)
+            ]
+            row.update(mean=record["mean"], stderr=record["stderr"], k=record["k"])
+        rows.append(row)
+    if rows:
+        create_table_artifact(rows, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations")
+    counts = {
+        "evaluated": sum(row["outcome"] == "evaluated" for row in rows),
+        "exists": sum(row["outcome"] == "exists" for row in rows),
+        "failed": len(failed),
+    }
+    logger.info(", ".join(f"{value} {key}" for key, value in counts.items()))
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(rows)} evaluations failed (the next one retries them):\n"
+                           + "\n".join(failed))  # fmt: skip
+    return counts
+
+
+@flow(name="evaluate", flow_run_name="evaluate {run_id}", log_prints=True)
+def evaluate(
+    run_id: str,
+    store: str = "./store",
+    checkpoints: list[int] | None = None,
+    suites: Sequence[str] = DEFAULT_SUITES,
+    executor: Executor = "inline",
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate checkpoints of run `run_id` (those in `checkpoints`, or all) on `suites` (`heldout`: the run's
+    own eval split; or benchmark names, for maths runs) — only the pairs not evaluated yet.
+    `executor`: inline (this process), local (a subprocess each) or slurm (one job array);
+    `profile`: the execution profile (YAML path) whose `evaluate` resources the jobs get."""
+    chosen = check_suites(suites)
+    opened = open_store(store)
+    opened.read_run(run_id)  # an unknown run fails here, naming the store
+    requests = missing(opened, chosen, runs=[run_id], only=checkpoints)
+    return _evaluate(requests, executor, profile, f"evaluate-{run_id}")
+
+
+@flow(name="nightly-eval", flow_run_name="nightly-eval", log_prints=True)
+def nightly_eval(
+    store: str = "./store",
+    suites: Sequence[str] = DEFAULT_SUITES,
+    executor: Executor = "slurm",
+    profile: str | None = None,
+) -> dict[str, Any]:
+    """Evaluate every checkpoint of every run in `store` that lacks an evaluation on `suites`, as one job
+    array (split to the cluster's MaxArraySize); what is there already is never done again."""
+    requests = missing(open_store(store), check_suites(suites))
+    return _evaluate(requests, executor, profile, "nightly-eval")
