@@ -166,40 +166,47 @@ def _wait_until(condition, timeout_s: float = 300):
 
 
 def test_a_killed_flow_run_is_resumed_by_the_resume_deployment_without_submitting_twice(
-    deployments, warm_store, profile_path, drill_baseline
+    deployments, warm_store, profile_path, drill_baseline, tmp_path
 ):
     from prefect import get_client
 
+    from tests.flows.test_train_flow import _task_run_names
     from tests.slurm.conftest import drill_config
 
     config = drill_config(store=warm_store.url)
-    parameters = {"config": config.model_dump(mode="json"), "run_id": "killed", "executor": "slurm",
+    parameters = {"config": config.model_dump(mode="json"), "run_id": "flow-killed", "executor": "slurm",
                   "profile": str(profile_path)}  # fmt: skip
+    paused, release = tmp_path / "paused", tmp_path / "release"
+    # The flow run's environment (a process worker's `env` job variable) reaches its stage jobs: update 0's
+    # sample job holds before its commit until `release` exists, so it is surely in flight when the
+    # flow-run process dies, and still when the resume arrives.
+    hold = {"PROBEPO_PAUSE_AT": "0:sample:before-commit", "PROBEPO_PAUSE_MARK": str(paused),
+            "PROBEPO_PAUSE_RELEASE": str(release)}  # fmt: skip
     with get_client(sync_client=True) as client:
-        created = client.create_flow_run_from_deployment(deployments["train"].id, parameters=parameters)
-        # the sample stage's job running: the flow-run process dies with it in flight
-        running = _wait_until(
-            lambda: [
-                j for j in _jobs("killed", warm_store) if j["stage"] == "sample" and j["state"] == "RUNNING"
-            ]
+        created = client.create_flow_run_from_deployment(
+            deployments["train"].id, parameters=parameters, job_variables={"env": hold}
         )
+        _wait_until(paused.exists)
+        [in_flight] = warm_store.jobs("flow-killed", 0, "sample")
         pid = _wait_until(lambda: client.read_flow_run(created.id).infrastructure_pid)
         os.kill(int(str(pid).rsplit(":", 1)[-1]), signal.SIGKILL)
         assert not _wait_for_end(created.id, timeout_s=120).state.is_completed()
-        [in_flight] = running
         assert str(in_flight["job_id"]) in _in_squeue()  # the stage job outlived its driver
         resumed = client.create_flow_run_from_deployment(
             deployments["resume"].id,
-            parameters={"run_id": "killed", "store": warm_store.url, "executor": "slurm",
+            parameters={"run_id": "flow-killed", "store": warm_store.url, "executor": "slurm",
                         "profile": str(profile_path)},
         )  # fmt: skip
+        watching = f"sample · update 0 · job {in_flight['job_id']}"  # the resume waits on that very job
+        _wait_until(lambda: watching in _task_run_names(resumed.id, 1), timeout_s=120)
+        release.touch()
     assert _wait_for_end(resumed.id).state.is_completed()
-    sample_jobs = warm_store.jobs("killed", 0, "sample")
-    assert [job["job_id"] for job in sample_jobs] == [in_flight["job_id"]]  # re-attached, not submitted again
+    assert [job["job_id"] for job in warm_store.jobs("flow-killed", 0, "sample")] == [in_flight["job_id"]]
     assert all(
-        len(warm_store.jobs("killed", j["update"], j["stage"])) == 1 for j in warm_store.jobs("killed")
-    )
-    final = warm_store.read_stage("killed", 1, "checkpoint")
+        len(warm_store.jobs("flow-killed", j["update"], j["stage"])) == 1
+        for j in warm_store.jobs("flow-killed")
+    )  # nothing submitted twice
+    final = warm_store.read_stage("flow-killed", 1, "checkpoint")
     assert {name: final[name] for name in FILES} == drill_baseline
 
 
