@@ -21,7 +21,7 @@ from probepo.presets import ConfigError, validate_run_config
 from probepo.schedule import CHECKPOINT
 from probepo.stages.context import StageContext
 from probepo.stages.evaluate import HELDOUT, suites_for
-from probepo.store import ArtifactStore, open_store
+from probepo.store import ArtifactStore, StoreError, open_store
 
 log = logging.getLogger("probepo.evaluations")
 
@@ -73,13 +73,13 @@ def missing(
 ) -> list[EvaluationRequest]:
     """Every (run, checkpoint, suite) not yet evaluated: of `runs` (default: all runs of the store), their
     checkpoints (or those in `only`), on each of `suites` the run can be evaluated on. A run whose stored
-    recipe this version cannot read is skipped with a warning."""
+    recipe this version cannot read (or a run folder without one) is skipped with a warning."""
     chosen = check_suites(suites)
     wanted = []
     for run_id in runs if runs is not None else store.runs():
         try:
             config = stored_config(store, run_id)
-        except ConfigError as exc:
+        except (ConfigError, StoreError) as exc:  # a recipe of another version, a folder without run.json
             log.warning("skipping run %s: %s", run_id, exc)
             continue
         done = store.evaluations(run_id)

@@ -41,7 +41,9 @@ def test_each_checkpoint_is_evaluated_once_to_the_in_run_evaluations_bits(traine
 def test_only_applicable_suites_and_known_names(trained):
     assert missing(trained, ["math500"], runs=["evals-run"]) == []  # a testbed model cannot read maths
     warmup = warmup_run_id(tiny_config())
-    assert warmup in trained.runs() and warmup not in {r.run_id for r in missing(trained, ["heldout"])}
+    trained.objects.put_bytes("runs/no-recipe/metrics.jsonl", b"")  # a run folder without run.json
+    assert {warmup, "no-recipe"} <= set(trained.runs())
+    assert not {warmup, "no-recipe"} & {r.run_id for r in missing(trained, ["heldout"])}  # both skipped
     with pytest.raises(ValueError, match="suites: nosuch — choose from heldout"):
         missing(trained, ["nosuch"])
     with pytest.raises(ValueError, match="suites: none given"):
