@@ -60,9 +60,8 @@ def _evaluate(
         else:
             if request.store_url not in stores:
                 stores[request.store_url] = open_store(request.store_url)
-            record = stores[request.store_url].evaluations(request.run_id)[
-                (request.checkpoint, request.suite)
-            ]
+            record = stores[request.store_url].evaluation(request.run_id, request.checkpoint, request.suite)
+            assert record is not None  # the item returned: its evaluation is committed
             row.update(mean=record["mean"], stderr=record["stderr"], k=record["k"])
         rows.append(row)
     if rows:

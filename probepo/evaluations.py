@@ -100,7 +100,7 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     from probepo.stages.evaluate import benchmark_suite, heldout_suite, score_suite
 
     store = open_store(request.store_url)
-    if (request.checkpoint, request.suite) in store.evaluations(request.run_id):
+    if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
         return "exists"
     config = stored_config(store, request.run_id)
     started = time.perf_counter()

@@ -79,6 +79,13 @@ class RunRecords:
         key = RunLayout(run_id).evaluation(checkpoint, suite)
         return self.objects.put_if_absent(key, to_json_bytes(stamped)) is not None
 
+    def evaluation(self, run_id: str, checkpoint: int, suite: str) -> dict[str, Any] | None:
+        """The evaluation of checkpoint `checkpoint` on `suite`, or None when there is none yet."""
+        try:
+            return from_json_bytes(self.objects.get_bytes(RunLayout(run_id).evaluation(checkpoint, suite)))
+        except ObjectMissing:
+            return None
+
     def evaluations(self, run_id: str) -> dict[tuple[int, str], dict[str, Any]]:
         """The run's checkpoint evaluations by (checkpoint, suite)."""
         found = {}
