@@ -50,6 +50,10 @@ class TimedRunner:
         self.inner = inner
         self.seconds: dict[tuple[int, str], float] = {}
 
+    @property
+    def resident(self) -> bool:
+        return self.inner.resident
+
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         started = time.perf_counter()
         self.inner.run(request, ctx)

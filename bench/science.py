@@ -138,7 +138,7 @@ def arm_config(testbed: Testbed, arm: Arm, seed: int, store: str) -> RunConfig:
 
 
 def run_id(testbed: Testbed, arm: Arm, config: RunConfig) -> str:
-    recipe = config.model_dump_json(exclude={"store"})
+    recipe = config.recipe_json()
     return f"sci-{testbed.name}-{arm.name}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
 
 

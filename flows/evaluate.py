@@ -11,13 +11,13 @@ when a pair could not be evaluated, naming it and its job; the next night retrie
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from flows.runner import stage_task
-from flows.train import Executor, artifact_key
+from flows.train import artifact_key
 from probepo.evaluations import EvaluationRequest, check_suites, evaluate_checkpoint, missing
 from probepo.presets import ConfigError, load_profile
 from probepo.store import open_store
@@ -25,6 +25,8 @@ from slurm.accounting import SlurmUnavailable
 from slurm.arrays import run_array
 
 DEFAULT_SUITES = ("heldout",)
+Executor = Literal["inline", "local", "slurm"]
+"""Where the evaluations run: this process, a subprocess each, or SLURM job arrays."""
 
 
 def _evaluate(

@@ -16,9 +16,11 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from probepo.execution import StageRequest, StageRunner
+from probepo.schedule import DRIVER
 from probepo.stages.context import StageContext
 from slurm import JobRunner
 from slurm.accounting import JobInfo
+from slurm.runner import DriverJobRunner
 
 T = TypeVar("T")
 
@@ -32,6 +34,8 @@ def stage_task(work: Callable[[], T]) -> T:
 def task_name(request: StageRequest, job_id: str | None = None) -> str:
     """E.g. `sample · update 3 · job 1234`: what the UI lists for a stage (and its job)."""
     job = f" · job {job_id}" if job_id else ""
+    if request.stage == DRIVER:  # the resident executor's one job: every stage of every update left
+        return f"driver{job}"
     return f"{request.stage} · update {request.update}{job}"
 
 
@@ -43,6 +47,10 @@ class PrefectStageRunner:
         if isinstance(inner, JobRunner):
             inner.watch = self._watch_job
 
+    @property
+    def resident(self) -> bool:
+        return self.inner.resident
+
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         if isinstance(self.inner, JobRunner):
             self.inner.run(request, ctx)  # its jobs are the task runs
@@ -52,3 +60,10 @@ class PrefectStageRunner:
     @staticmethod
     def _watch_job(request: StageRequest, job_id: str, wait: Callable[[], JobInfo]) -> JobInfo:
         return stage_task.with_options(task_run_name=task_name(request, job_id))(wait)
+
+
+def shown_in_prefect(runner: StageRunner) -> StageRunner | DriverJobRunner:
+    """`runner` with its stages (or jobs) as task runs; the resident executor's one driver job is one task
+    run `driver · job <id>`."""
+    shown = PrefectStageRunner(runner)  # sets a job runner's watch
+    return runner if isinstance(runner, DriverJobRunner) else shown

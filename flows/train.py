@@ -26,7 +26,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, State
 
-from flows.runner import PrefectStageRunner
+from flows.runner import shown_in_prefect
 from probepo.config import RunConfig
 from probepo.pipeline import recorded_updates, resume_point
 from probepo.pipeline import train as drive
@@ -37,7 +37,7 @@ from probepo.store import ArtifactStore, open_store
 from slurm import JobRunner, make_runner
 from slurm.accounting import SlurmUnavailable
 
-Executor = Literal["inline", "local", "slurm"]
+Executor = Literal["inline", "local", "slurm", "resident"]
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -108,7 +108,7 @@ def _drive(
             store=store,
             progress=Progress(run_id, config.num_updates),
             say=logger.info,
-            runner=PrefectStageRunner(runner),
+            runner=shown_in_prefect(runner),
         )
     except Preempted:
         if not cancel_requested():
@@ -142,7 +142,8 @@ def train(
     config: RunConfig, run_id: str, executor: Executor = "inline", profile: str | None = None
 ) -> list[dict[str, Any]] | State:
     """Train (or resume) run `run_id` with `config`: every stage of every update committed to the store.
-    `executor`: where stages run (inline: this process; local: a subprocess each; slurm: a SLURM job each);
+    `executor`: where stages run (inline: this process; local: a subprocess each; slurm: a SLURM job each;
+    resident: one SLURM job runs them all, engines resident, as `checkpoint_every` > 1 needs);
     `profile`: the execution profile (YAML path) of the job resources."""
     return _drive(config, run_id, executor, profile)
 

@@ -59,7 +59,8 @@ ExecutorOption = Annotated[
     typer.Option(
         "--executor",
         help="Where each stage runs: inline (this process), local (a subprocess per stage, submitit's"
-        " LocalExecutor) or slurm (a SLURM job per stage).",
+        " LocalExecutor), slurm (a SLURM job per stage) or resident (one SLURM job runs the driver and every"
+        " stage, engines resident: what checkpoint_every > 1 needs).",
     ),
 ]
 ProfileOption = Annotated[

@@ -31,7 +31,7 @@ POLL_S = 1.0
 
 def arm_run_id(config: RunConfig, algorithm: str) -> str:
     """A run id that names the arm and the recipe: the same preset maps to the same run."""
-    recipe = config.model_dump_json(exclude={"store"})
+    recipe = config.recipe_json()
     return f"demo-{algorithm}-s{config.seed}-{hashlib.sha256(recipe.encode()).hexdigest()[:8]}"
 
 

@@ -102,6 +102,11 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     store = open_store(request.store_url)
     if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
         return "exists"
+    if not store.committed(request.run_id, request.checkpoint, CHECKPOINT):
+        raise ValueError(
+            f"{request.describe()}: run {request.run_id} has no full checkpoint at update"
+            f" {request.checkpoint} (it has {checkpoints(store, request.run_id)})"
+        )
     config = stored_config(store, request.run_id)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"probepo-eval-{request.run_id}-") as scratch:

@@ -13,12 +13,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from probepo.config import RunConfig
 from probepo.preemption import Preempted
+from probepo.schedule import DRIVER
 from probepo.stages import STAGES
 from probepo.stages.context import StageContext
+from probepo.stages.policy import ResidentEngines
 from probepo.store import AlreadyCommitted, ArtifactStore, open_store
 
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID")
@@ -55,6 +57,8 @@ class StageRequest:
         return cls(ctx.store.url, ctx.run_id, ctx.update, stage, ctx.config.model_dump_json())
 
     def describe(self) -> str:
+        if self.stage == DRIVER:
+            return f"the driver of run {self.run_id}"
         return f"stage {self.stage} of update {self.update} of run {self.run_id}"
 
     def context(self, store: ArtifactStore | None, scratch: Path, should_stop: Any) -> StageContext:
@@ -67,8 +71,25 @@ class StageRunner(Protocol):
     """Runs one stage so that it ends committed to the store, or raises: Preempted when it stopped at a
     safe point (its progress committed), another exception naming what failed otherwise."""
 
+    resident: bool
+    """Whether the engines stay alive from one stage to the next (policy k + 1 handed over in memory), as
+    runs with `checkpoint_every` > 1 need."""
+
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         """`ctx` is the driver's own context of the stage (its store, scratch folder and stop flag)."""
+        ...
+
+
+@runtime_checkable
+class DriverRunner(Protocol):
+    """Runs the driver itself as a job — the resident executor: one job in one allocation runs every stage
+    left, its engines resident — and waits for it (re-attaching to one in flight). Returns once the run is
+    complete; raises as a StageRunner does."""
+
+    resident: bool
+
+    def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
+        """`request` names the DRIVER pseudo-stage of update 0; `ctx` is the waiting process's."""
         ...
 
 
@@ -106,7 +127,18 @@ def execute_stage(ctx: StageContext, stage: str) -> None:
 
 
 class InlineRunner:
-    """Runs each stage in the driver's own process (the default: demos, tests, one machine)."""
+    """Runs each stage in the driver's own process (the default: demos, tests, one machine, and at scale
+    the whole driver inside one allocation), keeping the engines resident from stage to stage."""
+
+    resident = True
+
+    def __init__(self) -> None:
+        self.engines = ResidentEngines()
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
-        execute_stage(ctx, request.stage)
+        ctx.engines = self.engines
+        try:
+            execute_stage(ctx, request.stage)
+        except BaseException:
+            self.engines.clear()  # the stage may have left an engine half-changed
+            raise

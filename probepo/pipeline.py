@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from probepo import __version__
-from probepo.config import RunConfig
-from probepo.execution import InlineRunner, StageRequest, StageRunner
-from probepo.preemption import StopFlag
-from probepo.schedule import stages_for_update
+from probepo.config import NOT_RECIPE, RunConfig
+from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
+from probepo.preemption import Preempted, StopFlag
+from probepo.schedule import DRIVER, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
@@ -71,8 +71,9 @@ def drive_stage(
 
 def run_record(config: RunConfig, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
     """What run.json freezes: the config (or some of its parts) and the code version. Where the store
-    lives is not part of a run's recipe: a run may be moved or resumed from another store URL."""
-    frozen = config.model_dump(mode="json", exclude={"store"})
+    lives and how often it is checkpointed in full are not part of its recipe (NOT_RECIPE): a run may be
+    moved, or resumed with another checkpoint interval."""
+    frozen = config.model_dump(mode="json", exclude=set(NOT_RECIPE))
     if parts is not None:
         frozen = {name: frozen[name] for name in parts}
     return {"config": frozen, "code_version": __version__}
@@ -87,10 +88,11 @@ def train(
     say: SayFn | None = None,
     tensorboard_dir: Path | None = None,
     take_over: bool = False,
-    runner: StageRunner | None = None,
+    runner: StageRunner | DriverRunner | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records. Every stage
-    the ledger lacks (the warm-up's too) goes to `runner` (default: inline, in this process).
+    the ledger lacks (the warm-up's too) goes to `runner` (default: inline, in this process); a
+    DriverRunner (the resident executor) runs this very function in a job instead, and this process waits.
 
     A run's recipe is frozen in the store on its first start: resuming with another `config` raises
     RunConfigMismatch naming the differing fields (a resume never silently changes a recipe; more updates
@@ -100,8 +102,18 @@ def train(
     """
     store = store or open_store(config.store)
     runner = runner or InlineRunner()
+    if config.checkpoint_every > 1 and not runner.resident:
+        raise ValueError(
+            f"checkpoint_every = {config.checkpoint_every} needs engines that stay resident from update to"
+            " update, and this executor starts a job per stage (each would replay every update since the"
+            " last full checkpoint): run the driver inline inside one allocation (`probepo train --executor"
+            " inline` in a SLURM job), or set checkpoint_every = 1"
+        )
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
+    if isinstance(runner, DriverRunner):
+        _drive_in_a_job(config, run_id, store, runner, tell)
+        return store.read_metrics(run_id)
     # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
     origin = (
         f"pretrained {config.model.pretrained}"
@@ -132,8 +144,34 @@ def train(
             for stage in _update_stages(config, update):
                 summaries[stage] = drive_stage(ctx, stage, runner, progress)
                 lease.check()
+                if flag.raised:  # a stage boundary is a safe point: everything so far is committed
+                    metrics.log(update, summaries)
+                    raise Preempted(
+                        f"preempted after stage {stage} of update {update}; everything before is committed"
+                    )
             metrics.log(update, summaries)
     return store.read_metrics(run_id)
+
+
+def _drive_in_a_job(
+    config: RunConfig, run_id: str, store: ArtifactStore, runner: DriverRunner, tell: SayFn
+) -> None:
+    """Hand the whole run to one job of `runner` (which takes the lease there) and wait for it."""
+    start = resume_point(store, run_id, config)
+    tell(f"store: {store.url}")
+    if start.done:
+        tell(f"run {run_id} is complete ({config.num_updates} updates)")
+        return
+    tell(
+        f"run {run_id}: one job runs the driver from update {start.update}, stage {start.stage}; follow it"
+        f" with `probepo jobs {run_id}` and `probepo store ls {run_id}` (stopping this process leaves it"
+        f" running: `probepo resume {run_id} --executor resident` waits for it again)"
+    )
+    flag = StopFlag()
+    with flag.installed(), tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch:
+        ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop=flag)
+        runner.run_driver(StageRequest.of(ctx, DRIVER), ctx)
+    tell(f"run {run_id} is complete ({config.num_updates} updates)")
 
 
 def _update_stages(config: RunConfig, update: int) -> list[str]:
@@ -228,7 +266,7 @@ def _differing_after_defaults(frozen: dict[str, Any], config: RunConfig) -> list
     (fields added since the run was made take their defaults, which keep what older code did); None if
     this code cannot read the frozen recipe."""
     try:
-        stored = RunConfig.model_validate({**frozen, "store": config.store})
+        stored = RunConfig.model_validate({**frozen, **{name: getattr(config, name) for name in NOT_RECIPE}})
     except ValueError:
         return None
     return differing_fields(stored.model_dump(mode="json"), config.model_dump(mode="json"))

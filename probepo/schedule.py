@@ -13,6 +13,9 @@ EVAL_RESULTS = "eval.parquet"
 """The evaluate stage's per-problem table (what reports read back)."""
 WARMUP = "warmup"
 """The single stage of a warm-up run (its own run in the store, shared by the runs that start from it)."""
+DRIVER = "driver"
+"""Not a stage: the one job of the resident executor, which runs the driver itself (every stage left, the
+engines resident) inside one allocation. Its job records sit with update 0's."""
 
 
 def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[str]:
@@ -25,3 +28,9 @@ def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list
     if update < num_updates:
         stages.extend(TRAINING_STAGES)
     return stages
+
+
+def full_checkpoint(update: int, *, num_updates: int, every: int) -> bool:
+    """Whether policy k is committed in full (weights and optimizer state): at update 0, every `every`
+    updates (the run's `checkpoint_every`) and after the last update."""
+    return update % every == 0 or update == num_updates

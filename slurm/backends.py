@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
@@ -14,7 +14,9 @@ from probepo.config import ExecutionProfile, StageResources
 from probepo.execution import StageRequest
 from slurm import accounting
 from slurm.accounting import JobInfo
-from slurm.job import run_stage_job
+
+JobFunction = Callable[[StageRequest], str]
+"""What a job runs: `run_stage_job` (one stage) or `run_driver_job` (the resident executor's driver)."""
 
 TRANSIENT_SBATCH = (
     "Socket timed out",
@@ -43,8 +45,10 @@ class Backend(Protocol):
         """Fail fast (naming what is missing and how to start it) if nothing can be submitted."""
         ...
 
-    def submit(self, request: StageRequest, resources: StageResources, folder: Path) -> str:
-        """Submit the stage as a job; returns its id."""
+    def submit(
+        self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
+    ) -> str:
+        """Submit `function(request)` as a job; returns its id."""
         ...
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]: ...
@@ -120,7 +124,9 @@ class SlurmBackend:
         parameters.update({key: value for key, value in optional.items() if value is not None})
         return parameters
 
-    def submit(self, request: StageRequest, resources: StageResources, folder: Path) -> str:
+    def submit(
+        self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
+    ) -> str:
         import submitit
         from submitit.core.utils import FailedJobError
 
@@ -128,7 +134,7 @@ class SlurmBackend:
         executor.update_parameters(**self.parameters(_job_name(request), resources))
         for attempt in range(SUBMIT_TRIES):
             try:
-                return str(executor.submit(run_stage_job, request).job_id)
+                return str(executor.submit(function, request).job_id)
             except FailedJobError as exc:
                 reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no message"
                 if not any(marker in reason for marker in TRANSIENT_SBATCH):
@@ -166,13 +172,15 @@ class LocalBackend:
     def check(self) -> None:
         """Nothing to check: the local executor needs no service."""
 
-    def submit(self, request: StageRequest, resources: StageResources, folder: Path) -> str:
+    def submit(
+        self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
+    ) -> str:
         import submitit
 
         executor = submitit.LocalExecutor(folder=folder)
         executor.update_parameters(timeout_min=resources.time_min, signal_delay_s=resources.signal_grace_s)
         with _environment(self.profile.exported(dict(os.environ))):
-            job = executor.submit(run_stage_job, request)
+            job = executor.submit(function, request)
         self._jobs[str(job.job_id)] = job
         return str(job.job_id)
 

@@ -1,4 +1,5 @@
-"""What runs inside a stage's job (local subprocess or SLURM): the preemption-aware wrapper.
+"""What runs inside a stage's job (local subprocess or SLURM), or inside the resident executor's one job
+that runs the driver itself: the preemption-aware wrapper.
 
 submitit's own handlers do not fit a stage: on USR2 they checkpoint and exit at once, and they ignore
 SIGTERM, so nothing waits for a stage to commit. Here USR2 and SIGTERM raise the stage's stop flag; the
@@ -6,7 +7,9 @@ stage commits its progress at its next safe point (a shard of sample or probe, a
 the short stages simply rerun) and raises Preempted; then the job requeues itself (`scontrol requeue`),
 so the same job id runs again later and resumes from those commits — unless the run was cancelled since
 the job started (the canceller records it in the store before `scancel`'s SIGTERM arrives). The local
-executor has no queue: its preempted job just ends, and the driver submits the stage again.
+executor has no queue: its preempted job just ends, and the driver submits the stage again. A driver job
+does the same: its stage commits at the safe point, its driver stops, and the job requeues itself; run
+again, the driver resumes from the store (replaying optimize since the last full checkpoint).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 
 from probepo.execution import StageRequest, current_job_id, execute_stage
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
+from probepo.store import ArtifactStore
 from slurm.ranks import job_ranks
 
 REQUEUED = "requeued"
@@ -74,12 +78,39 @@ def run_stage_job(request: StageRequest) -> str:
         try:
             execute_stage(request.context(store, Path(scratch), flag), request.stage)
         except Preempted as exc:
-            print(f"probepo: {exc}", file=sys.stderr, flush=True)
-            if len(store.cancellations(request.run_id)) > cancellations:  # scancel's SIGTERM: no requeue
-                print(f"probepo: run {request.run_id} was cancelled: no requeue", file=sys.stderr)
-                return CANCELLED
-            if requeue_self():
-                print(f"probepo: requeued job {current_job_id()}", file=sys.stderr, flush=True)
-                sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
-            return PREEMPTED
+            return _preempted(store, request, cancellations, exc)
     return COMMITTED
+
+
+def run_driver_job(request: StageRequest) -> str:
+    """Run the driver of `request`'s run in this job (the resident executor): every stage left, inline,
+    the engines resident; returns `committed` once the run is complete. Preempted, it requeues as a
+    stage job does (the driver's own stop flag catches USR2 and SIGTERM)."""
+    _install_stop_flag()  # submitit's handlers off until the driver installs its own
+    ranks = job_ranks()
+    ranks.export()
+    if ranks.rank != 0:
+        return COMMITTED
+    from probepo.pipeline import train
+    from probepo.store import open_store
+
+    store = open_store(request.store_url)
+    cancellations = len(store.cancellations(request.run_id))
+    try:
+        train(request.config, request.run_id, store=store, say=lambda line: print(line, flush=True))
+    except Preempted as exc:
+        return _preempted(store, request, cancellations, exc)
+    return COMMITTED
+
+
+def _preempted(store: ArtifactStore, request: StageRequest, cancellations: int, exc: Preempted) -> str:
+    """After a preemption: requeue this SLURM job and exit with PREEMPTED_EXIT, unless the run was
+    cancelled since the job started (scancel's SIGTERM); outside SLURM, end `preempted`."""
+    print(f"probepo: {exc}", file=sys.stderr, flush=True)
+    if len(store.cancellations(request.run_id)) > cancellations:
+        print(f"probepo: run {request.run_id} was cancelled: no requeue", file=sys.stderr)
+        return CANCELLED
+    if requeue_self():
+        print(f"probepo: requeued job {current_job_id()}", file=sys.stderr, flush=True)
+        sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
+    return PREEMPTED

@@ -26,9 +26,10 @@ from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore
 from slurm.accounting import JobInfo
-from slurm.backends import Backend, backend_for, stderr_tail
+from slurm.backends import Backend, JobFunction, backend_for, stderr_tail
+from slurm.job import run_driver_job, run_stage_job
 
-EXECUTORS = ("inline", "local", "slurm")
+EXECUTORS = ("inline", "local", "slurm", "resident")
 
 
 class StageFailed(RuntimeError):
@@ -50,6 +51,9 @@ class JobRunner:
     """A StageRunner that runs each stage as a job of `backend`, with resources from `profile`. `watch`, if
     set, wraps the wait for each job (submitted or re-attached to)."""
 
+    resident = False  # every job loads policy k from the store
+    job_function: JobFunction = staticmethod(run_stage_job)
+
     def __init__(self, backend: Backend, profile: ExecutionProfile, watch: JobWatch | None = None) -> None:
         self.backend, self.profile, self.watch = backend, profile, watch
         self.submissions = 0
@@ -64,7 +68,7 @@ class JobRunner:
                 job = self._submit(store, request)
             wait = functools.partial(self._wait, store, request, job, ctx)
             info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
-            if store.committed(request.run_id, request.update, request.stage):
+            if self._finished(store, request):
                 self._close(store, request, job, info, "committed")
                 return
             outcome = self._job_outcome(store, request, job["job_id"])
@@ -107,6 +111,10 @@ class JobRunner:
                 run_id, record["update"], record["stage"], closed, submission_id=record["submission_id"]
             )
 
+    @staticmethod
+    def _finished(store: ArtifactStore, request: StageRequest) -> bool:
+        return store.committed(request.run_id, request.update, request.stage)
+
     def _in_flight(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any] | None:
         """The stage's last job if no driver saw it end (a driver restarted mid-stage re-attaches to it)."""
         records = [
@@ -126,7 +134,7 @@ class JobRunner:
     def _submit(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any]:
         folder = Path(self.profile.job_folder).resolve() / request.run_id
         resources = self.profile.resources(request.stage)
-        job_id = self.backend.submit(request, resources, folder)
+        job_id = self.backend.submit(request, resources, folder, self.job_function)
         self.submissions += 1
         job: dict[str, Any] = {
             "executor": self.backend.name,
@@ -190,15 +198,44 @@ class JobRunner:
         )
 
 
+class DriverJobRunner(JobRunner):
+    """The resident executor: the driver itself runs as one SLURM job (resources: the profile's `driver`
+    entry) that runs every stage left inline, its engines resident, so policy k + 1 goes from optimize to
+    the next sample in memory and runs may checkpoint in full only every `checkpoint_every` updates. This
+    process waits for the job as for a stage's (re-attaching to one in flight, submitting again one that
+    died); a preempted job requeues itself and its driver resumes from the store."""
+
+    resident = True
+    job_function: JobFunction = staticmethod(run_driver_job)
+
+    def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
+        self.run(request, ctx)
+
+    @staticmethod
+    def _finished(store: ArtifactStore, request: StageRequest) -> bool:
+        from probepo.pipeline import resume_point
+
+        return resume_point(store, request.run_id, request.config).done
+
+    @staticmethod
+    def _job_outcome(store: ArtifactStore, request: StageRequest, job_id: str) -> str:
+        """What the job's last stage attempt said, if it failed or was preempted; else `none` (the job
+        died, or ended between two stages without finishing the run: it is submitted again)."""
+        said = [a for a in store.attempts(request.run_id) if str(a.get("job_id")) == job_id]
+        outcome = str(max(said, key=lambda a: str(a.get("start", ""))).get("outcome", "")) if said else ""
+        return outcome if outcome.split(":")[0] in ("preempted", "failed") else "none"
+
+
 def make_runner(executor: str, profile: ExecutionProfile | None = None) -> StageRunner:
     """The stage runner of an executor: `inline` (this process), `local` (a subprocess per stage through
-    submitit's LocalExecutor) or `slurm` (a SLURM job per stage); checks first that it can submit."""
+    submitit's LocalExecutor), `slurm` (a SLURM job per stage) or `resident` (the driver as one SLURM job
+    that runs every stage, DriverJobRunner); checks first that it can submit."""
     if executor == "inline":
         return InlineRunner()
     profile = profile or ExecutionProfile()
-    backend = backend_for(executor, profile)
+    backend = backend_for("slurm" if executor == "resident" else executor, profile)
     backend.check()
-    return JobRunner(backend, profile)
+    return (DriverJobRunner if executor == "resident" else JobRunner)(backend, profile)
 
 
 JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome")

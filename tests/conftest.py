@@ -20,7 +20,7 @@ import torch
 
 from probepo.pipeline import ensure_warmup
 from probepo.store import ArtifactStore, open_store
-from tests.pipeline.conftest import tiny_config
+from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
 
 torch.set_num_threads(1)
 
@@ -81,3 +81,13 @@ def s3_warm_store(s3_admin) -> ArtifactStore:
     store = open_store(f"s3://{bucket}/team/runs")
     ensure_warmup(tiny_config(), store)
     return store
+
+
+@pytest.fixture(scope="session")
+def every_update_reference(warm_store: ArtifactStore) -> dict[str, bytes]:
+    """The final checkpoint files of `every_config(1)` trained inline, uninterrupted (run `every-1`)."""
+    from probepo.pipeline import train
+
+    train(every_config(1), "every-1", store=warm_store)
+    files = warm_store.read_stage("every-1", LONG_UPDATES, "checkpoint")
+    return {name: files[name] for name in FINAL_FILES}

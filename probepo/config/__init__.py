@@ -8,6 +8,7 @@ with a message that names the field; `probepo.presets` loads presets and words t
 
 from probepo.config.execution import ExecutionProfile, StageResources
 from probepo.config.run import (
+    NOT_RECIPE,
     AlgoConfig,
     EvalConfig,
     ModelConfig,
@@ -19,6 +20,7 @@ from probepo.config.run import (
 )
 
 __all__ = [
+    "NOT_RECIPE",
     "AlgoConfig",
     "EvalConfig",
     "ExecutionProfile",

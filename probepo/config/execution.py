@@ -14,12 +14,21 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from probepo.config.base import Strict
-from probepo.schedule import CHECKPOINT, EVALUATE, TRAINING_STAGES, WARMUP
+from probepo.schedule import CHECKPOINT, DRIVER, EVALUATE, TRAINING_STAGES, WARMUP
 
 Stage = Literal[
-    "warmup", "checkpoint", "evaluate", "sample", "score", "select", "probe", "advantage", "optimize"
+    "warmup",
+    "checkpoint",
+    "evaluate",
+    "sample",
+    "score",
+    "select",
+    "probe",
+    "advantage",
+    "optimize",
+    "driver",
 ]
-assert set(Stage.__args__) == {WARMUP, CHECKPOINT, EVALUATE, *TRAINING_STAGES}  # type: ignore[attr-defined]
+assert set(Stage.__args__) == {WARMUP, CHECKPOINT, EVALUATE, *TRAINING_STAGES, DRIVER}  # type: ignore[attr-defined]
 
 DEFAULT_ENV_ALLOW = (
     "PATH",
@@ -117,7 +126,8 @@ class ExecutionProfile(Strict):
 
     stages: dict[Stage, StageResources] = Field(default_factory=dict)
     """Per-stage resources over `defaults`: only the fields given here override, e.g. `optimize:
-    {gpus_per_node: 8, partition: h200}`."""
+    {gpus_per_node: 8, partition: h200}`. `driver` is the resident executor's one job, which runs every
+    stage: give it what the most demanding stage needs."""
 
     max_resubmits: int = Field(2, ge=0)
     """A job that died without committing (node failure, out of memory, SIGKILL, time limit) is submitted

@@ -341,6 +341,11 @@ class EvalConfig(_Strict):
     """Samples per problem instead of each benchmark's own k (quick checks); None: the study's k."""
 
 
+NOT_RECIPE = frozenset({"store", "checkpoint_every"})
+"""RunConfig fields that say where a run is kept and how often in full, not what it computes: left out of
+run.json, so a run may be resumed from another store URL or with another checkpoint interval."""
+
+
 class RunConfig(_Strict):
     """One training run. Its defaults are the embedded default: the CPU testbed (tiny GPT, mod-10 chains,
     a local store), with the study's margin and spacing scaled to ~40-token responses (ALGORITHM.md §2.6).
@@ -354,6 +359,14 @@ class RunConfig(_Strict):
 
     num_updates: int = Field(80, ge=0)
     """Policy updates to run."""
+
+    checkpoint_every: int = Field(1, ge=1)
+    """Commit policy k in full (weights and optimizer state) every this many updates, and after the last.
+    Between full checkpoints optimize commits only its metrics and a digest of the weights; the engines
+    stay resident (the inline executor, run inside one allocation), and a resumed run replays the optimize
+    stages since the last full checkpoint from their committed rollouts and advantages, generating
+    nothing again (bitwise equal). 1 on the testbed; ~10 for a 7B policy, whose full checkpoint (~100 GB)
+    costs as much as an update. Not part of the recipe: a resume may change it."""
 
     prompts_per_update: int = Field(16, ge=1)
     """P: prompts sampled per update."""
@@ -383,6 +396,10 @@ class RunConfig(_Strict):
 
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation."""
+
+    def recipe_json(self) -> str:
+        """The recipe as JSON: every field but NOT_RECIPE's (what run ids of demo and bench arms hash)."""
+        return self.model_dump_json(exclude=set(NOT_RECIPE))
 
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:

@@ -5,14 +5,13 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_advantages, group_stats, redistribute, vineppo_advantages
-from probepo.stages.common import Rollouts, read_tensors
+from probepo.stages.common import ADVANTAGES, Rollouts, read_tensors
 from probepo.stages.context import StageContext
 from probepo.stages.probe import VALUES
 from probepo.stages.select import PIVOTS
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "advantage"
-ADVANTAGES = "advantages.safetensors"
 
 
 def run(ctx: StageContext) -> None:

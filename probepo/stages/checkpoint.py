@@ -11,8 +11,9 @@ from typing import Any
 from probepo.engines.base import TrainerEngine
 from probepo.models.gpt import load_model
 from probepo.stages import warmup
-from probepo.stages.common import CHECKPOINT, model_dtype, new_trainer, policy_files
+from probepo.stages.common import CHECKPOINT, policy_files
 from probepo.stages.context import StageContext
+from probepo.stages.policy import keep_trainer, model_dtype, new_trainer
 
 STAGE = CHECKPOINT
 
@@ -44,3 +45,4 @@ def run(ctx: StageContext) -> None:
     policy = ctx.scratch / "policy-000000"
     engine.save(policy)
     ctx.commit(STAGE, policy_files(policy), summary)
+    keep_trainer(ctx, engine, 0)

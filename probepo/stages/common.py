@@ -1,30 +1,28 @@
-"""What several stages share: the task, the engines on policy k, and the rollouts of update k."""
+"""What several stages share: the task, the names of their files, and the committed inputs of update k
+(rollouts, and the training batch optimize and its replay read). The engines on policy k: policy.py."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from probepo.config import ModelConfig, SamplingConfig
+from probepo.config import SamplingConfig
 from probepo.data import Problem, Task, build_task
-from probepo.engines.base import GenerationEngine, SamplingParams, TrainerEngine
-from probepo.engines.sampler import TorchGenerationEngine
-from probepo.engines.trainer import TorchTrainerEngine
-from probepo.models.gpt import GPT
+from probepo.engines.base import SamplingParams, TrainBatch
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 
 ROLLOUTS = "rollouts.parquet"
+SCORES = "scores.safetensors"
+ADVANTAGES = "advantages.safetensors"
 CHECKPOINT = "checkpoint"
-"""The stage that holds policy k at update k (the store lays it out under checkpoints/<k>/)."""
-FETCHED = ".fetched"
-"""Written into a scratch policy folder once every file of its commit is there."""
+"""The stage that holds policy k in full at update k (the store lays it out under checkpoints/<k>/)."""
+OPTIMIZE = "optimize"
 
 
 def task_of(ctx: StageContext) -> Task:
@@ -61,69 +59,6 @@ def policy_files(folder: Path) -> dict[str, Path]:
         for path in sorted(folder.iterdir())
         if path.is_file() and not path.name.startswith(".")
     }
-
-
-def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
-    """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k)
-    into scratch, every file of its commit; returns its folder."""
-    update = ctx.update
-    folder = ctx.scratch / f"policy-{update:06d}-{stage}"
-    if not (folder / FETCHED).exists():
-        folder.mkdir(parents=True, exist_ok=True)
-        for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
-            ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
-        (folder / FETCHED).touch()
-    return folder
-
-
-def model_dtype(model: ModelConfig) -> torch.dtype:
-    """A Hugging Face policy's parameter dtype."""
-    return getattr(torch, model.dtype)
-
-
-def policy_device() -> str:
-    """Where a Hugging Face policy runs: the job's first GPU when it has one (one GPU per stage until the
-    multi-GPU engines land), else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
-    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (the Hugging Face
-    engine for `model.kind: hf`, saving `tokenizer` with each checkpoint)."""
-    cfg = ctx.config
-    settings = {"response_budget": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature}
-    if cfg.model.kind == "hf":
-        from probepo.engines.hf import HFTrainerEngine
-
-        return HFTrainerEngine(model, cfg.optim, cfg.algo, tokenizer=tokenizer, **settings)
-    return TorchTrainerEngine(model, cfg.optim, cfg.algo, **settings)
-
-
-def trainer_engine(ctx: StageContext, checkpoint: Path | None = None) -> TrainerEngine:
-    """A trainer engine on policy k (or on `checkpoint`), optimizer state included."""
-    folder = checkpoint or fetch_policy(ctx)
-    if ctx.config.model.kind == "hf":
-        from probepo.engines.hf import load_policy
-
-        model = ctx.config.model
-        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=policy_device()))
-    else:
-        engine = new_trainer(ctx, GPT(ctx.config.model))
-    engine.load(folder)
-    return engine
-
-
-def generation_engine(ctx: StageContext) -> GenerationEngine:
-    """A generation engine on policy k."""
-    rows = ctx.config.sampling.batch_rows
-    if ctx.config.model.kind == "hf":
-        from probepo.engines.hf import HFGenerationEngine
-
-        dtype = model_dtype(ctx.config.model)
-        return HFGenerationEngine(fetch_policy(ctx), dtype=dtype, device=policy_device(), max_batch_rows=rows)
-    engine = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
-    engine.load_weights(fetch_policy(ctx))
-    return engine
 
 
 @dataclass(frozen=True)
@@ -181,3 +116,14 @@ class Rollouts:
 def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
     """A committed safetensors file of a stage of this update."""
     return tensors_from_bytes(ctx.read(stage)[name])
+
+
+def training_batch(ctx: StageContext) -> TrainBatch:
+    """Update k's training data as committed: backbone responses, old log-probs, token advantages."""
+    rollouts = Rollouts.read(ctx)
+    return TrainBatch(
+        prompts=rollouts.prompts,
+        responses=rollouts.responses,
+        old_logp=read_tensors(ctx, "score", SCORES)["logp"],
+        advantages=read_tensors(ctx, "advantage", ADVANTAGES)["advantages"],
+    )

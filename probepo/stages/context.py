@@ -12,11 +12,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from os import PathLike
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from probepo.config import RunConfig
 from probepo.faults import fault_point
 from probepo.store import ArtifactStore
+
+if TYPE_CHECKING:
+    from probepo.stages.policy import ResidentEngines
 
 
 def derive_seed(*parts: object) -> int:
@@ -46,6 +49,9 @@ class StageContext:
     attempt_notes: dict[str, Any] = field(default_factory=dict)
     """What the running attempt reports about itself beyond its commits (e.g. how much committed work it
     resumed from): the driver adds it to the attempt record."""
+    engines: ResidentEngines | None = None
+    """The engines the runner keeps alive across stages and updates (the inline runner's), or None: the
+    stage builds its own on policy k from the store."""
 
     def seed(self, stage: str, *extra: object) -> int:
         """The seed of this stage of this update: the same on every attempt, so a rerun is bitwise equal."""

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.schedule import EVAL_RESULTS, EVALUATE
-from probepo.stages.common import generation_engine, response_budget, sampling_params, task_of
+from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
+from probepo.stages.policy import generation_engine
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 

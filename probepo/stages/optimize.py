@@ -1,29 +1,33 @@
-"""Optimize: PPO-clip on the backbone responses of update k; commits policy k + 1 (weights and optimizer)
-as the checkpoint of update k + 1, then its own summary.
+"""Optimize: PPO-clip on the backbone responses of update k, making policy k + 1.
 
-After every mini-batch but the last, the trainer state is committed as a sub-stage `optimize.part-NNNN`,
-so a run killed inside the optimizer resumes from the next mini-batch and ends bitwise identical. A run
-killed after the checkpoint but before the summary commits only the summary on resume.
+When policy k + 1 is due in full (`checkpoint_every`, and after the last update), its weights and optimizer
+state are committed as the checkpoint of update k + 1, then this stage's summary; after every mini-batch
+but the last the trainer state is committed as a sub-stage `optimize.part-NNNN`, so a run killed inside
+the optimizer resumes from the next mini-batch and ends bitwise identical, and a run killed after the
+checkpoint but before the summary commits only the summary on resume.
+
+Otherwise only the summary is committed, with the digest of the new weights; policy k + 1 stays in the
+resident trainer, and a resumed run rebuilds it by replay (policy.py). A preemption inside such an update
+commits nothing: its optimize reruns whole (it is cheap next to the generation it does not repeat).
 """
 
 from __future__ import annotations
 
-from probepo.engines.base import TrainBatch
 from probepo.engines.trainer import combine_metrics
 from probepo.preemption import Preempted
-from probepo.stages.advantage import ADVANTAGES
-from probepo.stages.common import (
-    CHECKPOINT,
-    Rollouts,
-    fetch_policy,
-    policy_files,
-    read_tensors,
-    trainer_engine,
-)
+from probepo.schedule import full_checkpoint
+from probepo.stages.common import CHECKPOINT, OPTIMIZE, policy_files, training_batch
 from probepo.stages.context import StageContext
-from probepo.stages.score import SCORES
+from probepo.stages.policy import (
+    DIGEST,
+    fetch_policy,
+    keep_trainer,
+    load_trainer,
+    trainer_engine,
+    weights_digest,
+)
 
-STAGE = "optimize"
+STAGE = OPTIMIZE
 
 
 def part_name(minibatch: int) -> str:
@@ -41,21 +45,17 @@ def run(ctx: StageContext) -> None:
         ctx.attempt_notes["minibatches_run"] = 0
         ctx.commit(STAGE, {}, _metrics(following["summary"]))
         return
-    rollouts = Rollouts.read(ctx)
-    batch = TrainBatch(
-        prompts=rollouts.prompts,
-        responses=rollouts.responses,
-        old_logp=read_tensors(ctx, "score", SCORES)["logp"],
-        advantages=read_tensors(ctx, "advantage", ADVANTAGES)["advantages"],
-    )
+    cfg = ctx.config
+    full = full_checkpoint(ctx.update + 1, num_updates=cfg.num_updates, every=cfg.checkpoint_every)
+    batch = training_batch(ctx)
     seed = ctx.seed(STAGE)
     done = sorted(
         s for s in ctx.store.committed_stages(ctx.run_id, ctx.update) if s.startswith(f"{STAGE}.part-")
     )
     history = [_metrics(ctx.store.marker(ctx.run_id, ctx.update, s)["summary"]) for s in done]
     start = len(done)
-    checkpoint = fetch_policy(ctx, done[-1]) if done else None
-    engine = trainer_engine(ctx, checkpoint)
+    engine = load_trainer(ctx, fetch_policy(ctx, done[-1])) if done else trainer_engine(ctx)
+    keep_trainer(ctx, None, -1)  # changed in place from here on: resident again once it holds policy k + 1
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start
 
@@ -63,16 +63,22 @@ def run(ctx: StageContext) -> None:
         history.append(metrics)
         if index == n_minibatches - 1:
             return  # the last mini-batch's state is the stage's own commit
-        folder = ctx.scratch / part_name(index)
-        engine.save(folder)
-        ctx.commit(part_name(index), policy_files(folder), metrics)
+        if full:
+            folder = ctx.scratch / part_name(index)
+            engine.save(folder)
+            ctx.commit(part_name(index), policy_files(folder), metrics)
         if ctx.should_stop():
-            raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; progress committed")
+            kept = "progress committed" if full else "nothing committed: the update's optimize reruns"
+            raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
 
     ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
     ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
-    folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
-    engine.save(folder)
     summary = {**combine_metrics(history), "minibatches": len(history)}
-    ctx.commit(CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
-    ctx.commit(STAGE, {}, summary)
+    if full:
+        folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
+        engine.save(folder)
+        ctx.commit(CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
+        ctx.commit(STAGE, {}, summary)
+    else:
+        ctx.commit(STAGE, {}, {**summary, DIGEST: weights_digest(engine.weights())})
+    keep_trainer(ctx, engine, ctx.update + 1)

@@ -11,15 +11,9 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats, shrink_values
-from probepo.stages.common import (
-    Rollouts,
-    generation_engine,
-    read_tensors,
-    response_budget,
-    sampling_params,
-    task_of,
-)
+from probepo.stages.common import Rollouts, read_tensors, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
+from probepo.stages.policy import generation_engine
 from probepo.stages.select import PIVOTS
 from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import tensors_to_bytes

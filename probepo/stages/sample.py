@@ -8,8 +8,9 @@ import torch
 
 from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM, golds_of
-from probepo.stages.common import ROLLOUTS, generation_engine, response_budget, sampling_params, task_of
+from probepo.stages.common import ROLLOUTS, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
+from probepo.stages.policy import generation_engine
 from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import table_to_parquet
 

@@ -3,12 +3,12 @@ entropies (the pivot selector), logits divided by the sampling temperature."""
 
 from __future__ import annotations
 
-from probepo.stages.common import Rollouts, trainer_engine
+from probepo.stages.common import SCORES, Rollouts
 from probepo.stages.context import StageContext
+from probepo.stages.policy import trainer_engine
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "score"
-SCORES = "scores.safetensors"
 
 
 def run(ctx: StageContext) -> None:

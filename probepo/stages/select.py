@@ -11,9 +11,8 @@ from torch import Tensor
 
 from probepo.algo.advantage import group_stats
 from probepo.algo.pivots import random_pivots, select_pivots, step_candidates, window_max
-from probepo.stages.common import Rollouts, read_tensors, task_of
+from probepo.stages.common import SCORES, Rollouts, read_tensors, task_of
 from probepo.stages.context import StageContext
-from probepo.stages.score import SCORES
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "select"

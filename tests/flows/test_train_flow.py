@@ -106,3 +106,20 @@ def test_with_the_slurm_executor_each_job_is_a_task_run_named_with_its_id(
         for record in warm_store.jobs("flow-slurm", update, stage)
     }
     assert len(jobs) == 9 and _task_run_names(state.state_details.flow_run_id, len(jobs)) == jobs
+
+
+def test_with_the_resident_executor_one_driver_job_is_one_task_run(warm_store, profile_path, drill_baseline):
+    """checkpoint_every 3 from the UI's train flow: one SLURM job runs every stage, engines resident."""
+    from flows.train import train as train_flow
+    from tests.slurm.conftest import drill_config
+
+    config = drill_config(store=warm_store.url, checkpoint_every=3)
+    state = train_flow(
+        config, "flow-resident", executor="resident", profile=str(profile_path), return_state=True
+    )
+    assert state.is_completed(), state.message
+    final = warm_store.read_stage("flow-resident", 1, "checkpoint")
+    assert {name: final[name] for name in FILES} == drill_baseline
+    [job] = warm_store.jobs("flow-resident", 0, "driver")
+    assert {a["job_id"] for a in warm_store.attempts("flow-resident")} == {job["job_id"]}
+    assert _task_run_names(state.state_details.flow_run_id, 1) == {f"driver · job {job['job_id']}"}

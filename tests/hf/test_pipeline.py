@@ -15,44 +15,17 @@ import numpy as np
 import pytest
 import yaml
 
-from probepo.config import RunConfig
 from probepo.data.benchmarks import benchmarks_root
 from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
 from probepo.schedule import TRAINING_STAGES
 from probepo.store import open_store
 from probepo.store.formats import table_from_parquet
+from tests.hf.tiny_qwen import qwen_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
-
-
-def qwen_config(folder: Path, **fields) -> RunConfig:
-    """2 prompts × 2 responses of one-digit arithmetic, 12 new tokens, 2 updates, ProbePO with 2 pivots × 2
-    continuations per group and cutoff rescue (the tiny model rarely finishes in 12 tokens)."""
-    data = {
-        "num_updates": 2,
-        "prompts_per_update": 2,
-        "group_size": 2,
-        "task": {"kind": "math", "source": "arithmetic", "arithmetic_problems": 64, "family": "chat"},
-        "model": {"kind": "hf", "pretrained": str(folder)},
-        "sampling": {"max_tokens": 12},
-        "algo": {
-            "margin": 1,
-            "min_spacing": 2,
-            "max_pivots": 2,
-            "continuations_per_pivot": 2,
-            "rescue_tokens": 3,
-        },
-        "optim": {
-            "minibatch_size": 2,
-            "microbatch_size": 1,
-        },  # 4 responses: 2 mini-batches of 2 micro-batches
-        "eval": {"problems": 4, "every": 1, "greedy": False},
-        **fields,
-    }
-    return RunConfig.model_validate(data)
 
 
 @pytest.fixture(scope="module")
@@ -140,3 +113,28 @@ def test_benchmark_evaluation_reports_mean_at_k_per_benchmark(tiny_qwen, tmp_pat
     table = table_from_parquet(store.read_stage("qwen-bench", 0, "evaluate")["eval-aime24.parquet"])
     assert list(table["id"]) == ["aime24/60", "aime24/61"] and np.all(np.asarray(table["correct"]) >= 0)
     assert "evaluate/amc23/mean" in metrics[0]
+
+
+def test_a_run_checkpointed_every_other_update_replays_the_real_model_after_a_kill(finished, tmp_path):
+    """checkpoint_every 2: policy 1 is never committed in full; killed after update 1's sample, the resumed
+    run replays optimize 0 from checkpoint 0 (the generator gets policy 1's weights from the replayed
+    trainer) and ends with the bits of the run that checkpointed every update."""
+    store, config = finished
+    preset = tmp_path / "qwen-every-2.yaml"
+    preset.write_text(yaml.safe_dump({**config.model_dump(mode="json"), "checkpoint_every": 2}))
+    command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-every-2"]
+    command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
+    env = {**os.environ, CRASH_ENV: "1:sample:after-commit"}
+    assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == -signal.SIGKILL
+    assert not store.committed("qwen-every-2", 1, "checkpoint")
+    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert resumed.returncode == 0, resumed.stderr
+    replayed = [
+        a.get("replayed_updates") for a in store.attempts("qwen-every-2") if a.get("replayed_updates")
+    ]
+    assert replayed == [1]
+    again, first = (
+        store.read_stage("qwen-every-2", 2, "checkpoint"),
+        store.read_stage("qwen", 2, "checkpoint"),
+    )
+    assert {name: again[name] for name in FILES} == {name: first[name] for name in FILES}

@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from probepo.config import RunConfig
+
 VOCAB_SIZE = 151_936
 """Qwen2's model vocabulary: the tokenizer's 151,646 tokens padded, as in the released models."""
 
@@ -125,3 +127,30 @@ def build_tiny_qwen(folder: str | Path, *, steps: int = 300, seed: int = 0) -> T
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return TinyQwen(folder, tokenizer)
+
+
+def qwen_config(folder: Path, **fields: Any) -> RunConfig:
+    """2 prompts × 2 responses of one-digit arithmetic, 12 new tokens, 2 updates, ProbePO with 2 pivots × 2
+    continuations per group and cutoff rescue (the tiny model rarely finishes in 12 tokens)."""
+    data = {
+        "num_updates": 2,
+        "prompts_per_update": 2,
+        "group_size": 2,
+        "task": {"kind": "math", "source": "arithmetic", "arithmetic_problems": 64, "family": "chat"},
+        "model": {"kind": "hf", "pretrained": str(folder)},
+        "sampling": {"max_tokens": 12},
+        "algo": {
+            "margin": 1,
+            "min_spacing": 2,
+            "max_pivots": 2,
+            "continuations_per_pivot": 2,
+            "rescue_tokens": 3,
+        },
+        "optim": {
+            "minibatch_size": 2,
+            "microbatch_size": 1,
+        },  # 4 responses: 2 mini-batches of 2 micro-batches
+        "eval": {"problems": 4, "every": 1, "greedy": False},
+        **fields,
+    }
+    return RunConfig.model_validate(data)

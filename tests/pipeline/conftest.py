@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 from probepo.config import RunConfig
+from probepo.faults import CRASH_ENV
 
 
 def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
@@ -19,3 +25,27 @@ def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
     data["algo"].update(algorithm=algorithm, max_pivots=2, continuations_per_pivot=3)
     data.update(fields)
     return RunConfig.model_validate(data)
+
+
+LONG_UPDATES = 5
+"""`every_config` trains 5 updates: with checkpoint_every 3, policies 0, 3 and 5 are committed in full."""
+FINAL_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+
+
+def every_config(every: int) -> RunConfig:
+    """The tiny recipe over 5 updates, checkpointed in full every `every` updates."""
+    return tiny_config("probepo", num_updates=LONG_UPDATES, checkpoint_every=every)
+
+
+def train_cli(
+    store_url: str, preset: Path, run_id: str, crash_at: str | None, events: Path | None = None
+) -> int:
+    """`probepo train PRESET` in a subprocess, SIGKILLed at `crash_at` if given; returns its exit status."""
+    env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
+    if crash_at:
+        env[CRASH_ENV] = crash_at
+    command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", run_id]
+    command += ["--store", store_url, "--quiet"]
+    if events is not None:
+        command += ["--tensorboard", str(events)]
+    return subprocess.run(command, env=env, capture_output=True, timeout=300).returncode

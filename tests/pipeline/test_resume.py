@@ -4,7 +4,6 @@ stage twice, and ends with a checkpoint bitwise identical to an uninterrupted ru
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
@@ -13,10 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
 from probepo.store import ArtifactStore, CorruptArtifact
-from tests.pipeline.conftest import tiny_config
+from tests.pipeline.conftest import tiny_config, train_cli
 
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
 FINAL = 2  # tiny_config trains 2 updates: the final policy is the checkpoint of update 2
@@ -30,37 +28,16 @@ def baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
     return {name: files[name] for name in CHECKPOINT_FILES}
 
 
-def _train_cli(store: ArtifactStore, preset: Path, run_id: str, crash_at: str | None, events: Path) -> int:
-    env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
-    if crash_at:
-        env[CRASH_ENV] = crash_at
-    command = [
-        sys.executable,
-        "-m",
-        "probepo.cli",
-        "train",
-        str(preset),
-        "--run-id",
-        run_id,
-        "--store",
-        store.url,
-        "--tensorboard",
-        str(events),
-        "--quiet",
-    ]
-    return subprocess.run(command, env=env, capture_output=True, timeout=180).returncode
-
-
 def _drill(
     store: ArtifactStore, crash_at: str, preset: Path, events: Path, baseline: dict[str, bytes]
 ) -> None:
     """Kill a CLI run at `crash_at`, rerun it, and check what the drill promises."""
     run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-")
-    assert _train_cli(store, preset, run_id, crash_at, events) == -signal.SIGKILL
+    assert train_cli(store.url, preset, run_id, crash_at, events) == -signal.SIGKILL
     update, stage, when = crash_at.split(":")
     assert not store.committed(run_id, FINAL - 1, "optimize")
     parts_before = len([s for s in store.committed_stages(run_id, 1) if s.startswith("optimize.part-")])
-    assert _train_cli(store, preset, run_id, None, events) == 0
+    assert train_cli(store.url, preset, run_id, None, events) == 0
 
     final = store.read_stage(run_id, FINAL, "checkpoint")
     assert {name: final[name] for name in CHECKPOINT_FILES} == baseline

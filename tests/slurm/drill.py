@@ -35,6 +35,7 @@ class Drill:
     profile: Path
     config: object
     pause: tuple[str, ...] = ()
+    executor: str = "slurm"
     processes: list[subprocess.Popen] = field(default_factory=list)
 
     @property
@@ -60,7 +61,7 @@ class Drill:
             "--store",
             self.store.url,
             "--executor",
-            "slurm",
+            self.executor,
             "--profile",
             str(self.profile),
             "--quiet",

@@ -74,3 +74,15 @@ def test_configs_are_immutable_and_overrides_are_validated():
     assert with_overrides(run, **{"algo.kappa": 0.0}).algo.kappa == 0.0
     with pytest.raises(ValidationError, match="max_pivots"):
         with_overrides(run, **{"algo.max_pivots": 6})  # 6 × 8 exceeds the budget of 40
+
+
+def test_checkpoint_every_is_validated_and_not_part_of_the_recipe():
+    from probepo.pipeline import run_record
+    from probepo.schedule import full_checkpoint
+
+    with pytest.raises(ValidationError, match="checkpoint_every"):
+        RunConfig(checkpoint_every=0)
+    every_3 = RunConfig(checkpoint_every=3, store="elsewhere")
+    assert run_record(every_3) == run_record(RunConfig())  # where and how often in full: not the recipe
+    assert every_3.recipe_json() == RunConfig().recipe_json()
+    assert [k for k in range(8) if full_checkpoint(k, num_updates=7, every=3)] == [0, 3, 6, 7]

@@ -1,0 +1,162 @@
+"""Checkpoints a long run can afford: what committing policy k in full only every 10 updates saves, and
+what the replay after a kill costs.
+
+    .venv/bin/python bench/scale.py                    # the testbed and the tiny Qwen2
+    .venv/bin/python bench/scale.py --models testbed   # the testbed only (≈ 1 min)
+
+Per model — the CPU testbed (configs/cpu-demo.yaml: a 0.1 M-parameter GPT) and the tiny Qwen2 of
+tests/hf/tiny_qwen.py (2 layers, hidden 64, Qwen's 151,936-token vocabulary: 9.8 M parameters, so a full
+checkpoint with its AdamW moments is ~117 MB; the recipe of tests/hf: 2 prompts × 2 responses of 12
+tokens, ProbePO) — three runs of U = 10 updates in one fresh local store, inline (engines resident),
+evaluated only at update 0 and U:
+- `checkpoint_every` 1 and 10, uninterrupted: seconds per update (the driver's wall time over U) and the
+  bytes each run committed, per update;
+- `checkpoint_every` 10, SIGKILLed right after update 9's advantage commit, then resumed: the resumed
+  optimize stage restores policy 9 by loading checkpoint 0 and replaying the optimize stages of updates
+  0-8 (`replay_s` of its attempt), set against those 9 stages' own seconds in the uninterrupted run; its
+  final checkpoint must be bitwise the uninterrupted run's.
+Writes bench/results/scale.json and prints the table of docs/BENCHMARKS.md. On a shared machine read the
+ratios, which are measured in one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from benchlib import machine
+
+from probepo.config import RunConfig
+from probepo.faults import CRASH_ENV
+from probepo.pipeline import ensure_warmup, train
+from probepo.presets import load_run_config
+from probepo.store import ArtifactStore, open_store
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results" / "scale.json"
+UPDATES = 10
+KILL_AT = f"{UPDATES - 1}:advantage:after-commit"
+FINAL_FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+
+
+def testbed_config(store: Path) -> RunConfig:
+    overrides = {"num_updates": UPDATES, "eval.every": UPDATES, "store": str(store)}
+    return load_run_config(ROOT / "configs" / "cpu-demo.yaml", overrides)
+
+
+def run_bytes(store: ArtifactStore, run_id: str) -> int:
+    return sum(p.stat().st_size for p in (Path(store.url) / "runs" / run_id).rglob("*") if p.is_file())
+
+
+def timed_run(config: RunConfig, run_id: str) -> dict[str, Any]:
+    store = open_store(config.store)
+    started = time.perf_counter()
+    train(config, run_id, store=store)
+    wall = time.perf_counter() - started
+    optimize = [store.marker(run_id, u, "optimize")["summary"]["wall_s"] for u in range(UPDATES)]
+    return {
+        "checkpoint_every": config.checkpoint_every,
+        "s_per_update": round(wall / UPDATES, 3),
+        "mb_committed_per_update": round(run_bytes(store, run_id) / UPDATES / 1e6, 2),
+        "full_checkpoints": sum("checkpoint" in s for s in store.ledger_entries(run_id).values()),
+        "optimize_s": optimize,
+    }
+
+
+def killed_and_resumed(config: RunConfig, run_id: str, folder: Path) -> dict[str, Any]:
+    """Kill a `probepo train` of `config` at KILL_AT, resume it in this process; the replay's figures."""
+    preset = folder / f"{run_id}.yaml"
+    preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", run_id, "--quiet"]
+    env = {**os.environ, CRASH_ENV: KILL_AT, "PYTHONPATH": str(ROOT)}
+    code = subprocess.run(command, env=env, capture_output=True, timeout=3600).returncode
+    assert code == -9, f"the run was to be killed at {KILL_AT}, it exited {code}"
+    store = open_store(config.store)
+    started = time.perf_counter()
+    train(config, run_id, store=store)
+    attempt = store.attempts(run_id, UPDATES - 1, "optimize")[-1]
+    return {
+        "killed_at": KILL_AT,
+        "replayed_updates": attempt["replayed_updates"],
+        "replay_s": attempt["replay_s"],
+        "resume_to_end_s": round(time.perf_counter() - started, 3),
+    }
+
+
+def measure(name: str, make_config, folder: Path) -> dict[str, Any]:
+    """The three runs of one model, in one store (a testbed model's warm-up made first, untimed)."""
+    config = make_config(folder / "store")
+    store = open_store(config.store)
+    if config.model.kind == "testbed":
+        ensure_warmup(config, store)
+    runs = {
+        every: timed_run(config.model_copy(update={"checkpoint_every": every}), f"{name}-every-{every}")
+        for every in (1, 10)
+    }
+    replay = killed_and_resumed(config.model_copy(update={"checkpoint_every": 10}), f"{name}-killed", folder)
+    final = [store.read_stage(run, UPDATES, "checkpoint") for run in (f"{name}-every-1", f"{name}-killed")]
+    replay["bitwise_equal"] = all(final[0][f] == final[1][f] for f in FINAL_FILES)
+    replay["uninterrupted_optimize_s"] = round(sum(runs[10]["optimize_s"][: UPDATES - 1]), 3)
+    return {
+        "every_1": runs[1],
+        "every_10": runs[10],
+        "s_per_update_ratio_10_to_1": round(runs[10]["s_per_update"] / runs[1]["s_per_update"], 3),
+        "replay": replay,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen"])
+    args = parser.parse_args()
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    with tempfile.TemporaryDirectory(prefix="probepo-scale-") as tmp:
+        folder = Path(tmp)
+        if "testbed" in args.models:
+            results["testbed"] = measure("testbed", testbed_config, folder / "testbed")
+        if "qwen" in args.models:
+            sys.path.insert(0, str(ROOT))
+            from tests.hf.tiny_qwen import build_tiny_qwen, qwen_config
+
+            model = build_tiny_qwen(folder / "tiny-qwen").folder
+            evaluation = {"problems": 4, "every": UPDATES, "greedy": False}
+            results["tiny_qwen2"] = measure(
+                "qwen",
+                lambda store: qwen_config(model, num_updates=UPDATES, store=str(store), eval=evaluation),
+                folder / "qwen",
+            )
+    results.update(
+        machine=machine(),
+        date=datetime.now(UTC).isoformat(timespec="minutes"),
+        command="python bench/scale.py " + " ".join(sys.argv[1:]),
+        updates=UPDATES,
+    )
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+    print(
+        "| model | s/update, every 1 | every 10 | ratio | MB committed/update, every 1 | every 10 |"
+        " replay of 9 updates | those 9 optimizes uninterrupted | bitwise |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name in ("testbed", "tiny_qwen2"):
+        if name in results:
+            r = results[name]
+            print(
+                f"| {name} | {r['every_1']['s_per_update']} | {r['every_10']['s_per_update']} |"
+                f" {r['s_per_update_ratio_10_to_1']} | {r['every_1']['mb_committed_per_update']} |"
+                f" {r['every_10']['mb_committed_per_update']} | {r['replay']['replay_s']} s |"
+                f" {r['replay']['uninterrupted_optimize_s']} s | {r['replay']['bitwise_equal']} |"
+            )
+
+
+if __name__ == "__main__":
+    main()

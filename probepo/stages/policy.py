@@ -1,0 +1,248 @@
+"""Policy k for a stage: the engines on it, taken from the engines a runner keeps resident, from the
+committed checkpoint, or rebuilt by replaying optimize.
+
+Policy k is committed in full (weights and optimizer state, as the `checkpoint` of update k) at update 0,
+every `checkpoint_every` updates and after the last update; between those, optimize commits only its
+metrics and a digest of the weights it made. A runner that keeps its engines alive (`ResidentEngines`:
+the inline runner) hands policy k from optimize k - 1 to the next stages in memory. Without them (a fresh
+process, a resumed run) policy k is the latest full checkpoint c <= k with the optimize stages of updates
+c .. k - 1 replayed from their committed rollouts, old log-probs and advantages: nothing is generated or
+graded again, and every replayed update must reproduce the digest it committed, or the replay stops.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from probepo.config import ModelConfig
+from probepo.engines.base import GenerationEngine, TrainerEngine
+from probepo.engines.sampler import TorchGenerationEngine
+from probepo.engines.trainer import TorchTrainerEngine
+from probepo.models.gpt import GPT
+from probepo.stages.common import CHECKPOINT, OPTIMIZE, training_batch
+from probepo.stages.context import StageContext
+
+FETCHED = ".fetched"
+"""Written into a scratch policy folder once every file of its commit is there."""
+DIGEST = "policy_sha256"
+"""The key of optimize's summary holding the digest of the weights it made (updates without a full
+checkpoint): what a replay must reproduce."""
+log = logging.getLogger(__name__)
+
+
+class ReplayDiverged(RuntimeError):
+    """Replaying an update's optimize stage did not reproduce the weights it committed."""
+
+
+@dataclass
+class ResidentEngines:
+    """The engines a runner keeps alive across the stages and updates of one run, each with the update of
+    the policy it holds (-1: none). Stages reach them through `ctx.engines`."""
+
+    owner: tuple[str, str] | None = None
+    """(store URL, run id) of the run they belong to; another run's stages start afresh."""
+    trainer: TrainerEngine | None = None
+    trainer_policy: int = -1
+    generator: GenerationEngine | None = None
+    generator_policy: int = -1
+
+    def claim(self, ctx: StageContext) -> None:
+        owner = (ctx.store.url, ctx.run_id)
+        if self.owner != owner:
+            self.clear()
+            self.owner = owner
+
+    def clear(self) -> None:
+        """Forget every engine (after a stage failed: it may have changed one half-way)."""
+        self.owner, self.trainer, self.generator = None, None, None
+        self.trainer_policy = self.generator_policy = -1
+
+
+def at_update(ctx: StageContext, update: int) -> StageContext:
+    """The same stage context, pointed at another update of the run."""
+    return replace(ctx, update=update)
+
+
+def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
+    """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k, in
+    full) into scratch, every file of its commit; returns its folder."""
+    update = ctx.update
+    folder = ctx.scratch / f"policy-{update:06d}-{stage}"
+    if not (folder / FETCHED).exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
+            ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
+        (folder / FETCHED).touch()
+    return folder
+
+
+def latest_full_checkpoint(ctx: StageContext) -> int:
+    """The latest update c <= k whose policy is committed in full."""
+    entries = ctx.store.ledger_entries(ctx.run_id)
+    full = [u for u, stages in entries.items() if u <= ctx.update and CHECKPOINT in stages]
+    if not full:
+        raise RuntimeError(f"run {ctx.run_id} has no committed checkpoint at or before update {ctx.update}")
+    return max(full)
+
+
+def weights_digest(weights: dict[str, Tensor]) -> str:
+    """sha256 over the weights' names, dtypes, shapes and bytes (in name order): equal iff bitwise equal."""
+    digest = hashlib.sha256()
+    for name in sorted(weights):
+        tensor = weights[name].detach().cpu().contiguous()
+        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def model_dtype(model: ModelConfig) -> torch.dtype:
+    """A Hugging Face policy's parameter dtype."""
+    return getattr(torch, model.dtype)
+
+
+def policy_device() -> str:
+    """Where a Hugging Face policy runs: the job's first GPU when it has one (one GPU per stage until the
+    multi-GPU engines land), else the CPU."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
+    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (the Hugging Face
+    engine for `model.kind: hf`, saving `tokenizer` with each checkpoint)."""
+    cfg = ctx.config
+    settings = {"response_budget": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature}
+    if cfg.model.kind == "hf":
+        from probepo.engines.hf import HFTrainerEngine
+
+        return HFTrainerEngine(model, cfg.optim, cfg.algo, tokenizer=tokenizer, **settings)
+    return TorchTrainerEngine(model, cfg.optim, cfg.algo, **settings)
+
+
+def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
+    """A trainer engine on the policy saved in `folder`, optimizer state included."""
+    if ctx.config.model.kind == "hf":
+        from probepo.engines.hf import load_policy
+
+        model = ctx.config.model
+        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=policy_device()))
+    else:
+        engine = new_trainer(ctx, GPT(ctx.config.model))
+    engine.load(folder)
+    return engine
+
+
+def replay_optimize(ctx: StageContext, engine: TrainerEngine) -> None:
+    """Redo update k's committed optimize stage on `engine` (policy k): the same batch and seed, so it
+    makes policy k + 1 again, checked against the digest optimize committed."""
+    marker = ctx.store.marker(ctx.run_id, ctx.update, OPTIMIZE)
+    if marker is None:
+        raise RuntimeError(
+            f"policy {ctx.update + 1} of run {ctx.run_id} does not exist: the run has not committed update"
+            f" {ctx.update}'s optimize stage"
+        )
+    if DIGEST not in marker["summary"]:
+        raise RuntimeError(
+            f"policy {ctx.update + 1} of run {ctx.run_id} cannot be restored: its checkpoint is missing and"
+            f" update {ctx.update}'s optimize stage committed no weight digest to replay it against"
+        )
+    engine.train_step(training_batch(ctx), seed=ctx.seed(OPTIMIZE))
+    if weights_digest(engine.weights()) != marker["summary"][DIGEST]:
+        raise ReplayDiverged(
+            f"replaying update {ctx.update}'s optimize stage of run {ctx.run_id} did not reproduce the"
+            " weights it committed: the replay ran on another device, dtype or thread count than the run"
+            " (bitwise replay needs the same), or a committed input changed"
+        )
+
+
+def restore_trainer(ctx: StageContext) -> TrainerEngine:
+    """Policy k with its optimizer state from the store: the latest full checkpoint c <= k, then the
+    optimize stages of updates c .. k - 1 replayed (the attempt records `replayed_updates`, `replay_s`)."""
+    full = latest_full_checkpoint(ctx)
+    engine = load_trainer(ctx, fetch_policy(at_update(ctx, full)))
+    if full < ctx.update:
+        started = time.perf_counter()
+        log.info(
+            "policy %d: checkpoint %d, then optimize of updates %d-%d replayed",
+            ctx.update,
+            full,
+            full,
+            ctx.update - 1,
+        )
+        for update in range(full, ctx.update):
+            replay_optimize(at_update(ctx, update), engine)
+        ctx.attempt_notes["replayed_updates"] = ctx.update - full
+        ctx.attempt_notes["replay_s"] = round(time.perf_counter() - started, 3)
+    return engine
+
+
+def trainer_engine(ctx: StageContext) -> TrainerEngine:
+    """A trainer engine on policy k, optimizer state included: the resident one when it holds policy k,
+    else restored from the store (and kept resident)."""
+    engines = ctx.engines
+    if engines is not None:
+        engines.claim(ctx)
+        if engines.trainer is not None and engines.trainer_policy == ctx.update:
+            return engines.trainer
+    engine = restore_trainer(ctx)
+    keep_trainer(ctx, engine, ctx.update)
+    return engine
+
+
+def keep_trainer(ctx: StageContext, engine: TrainerEngine | None, policy: int) -> None:
+    """Make `engine` (on policy `policy`) the resident trainer, if the runner keeps engines; None drops it
+    (optimize changes the trainer in place: until it has made policy k + 1 the engine holds neither)."""
+    engines = ctx.engines
+    if engines is not None:
+        engines.claim(ctx)
+        engines.trainer, engines.trainer_policy = engine, policy if engine is not None else -1
+
+
+def generation_engine(ctx: StageContext) -> GenerationEngine:
+    """A generation engine on policy k: the resident one when it holds policy k, else one loaded with
+    policy k's weights — the resident trainer's, the committed checkpoint's, or a replay's."""
+    engines = ctx.engines
+    if engines is not None:
+        engines.claim(ctx)
+        if engines.generator is not None and engines.generator_policy == ctx.update:
+            return engines.generator
+    weights: Path | dict[str, Tensor]
+    if engines is not None and engines.trainer is not None and engines.trainer_policy == ctx.update:
+        weights = engines.trainer.weights()
+    elif ctx.store.committed(ctx.run_id, ctx.update, CHECKPOINT):
+        weights = fetch_policy(ctx)
+    else:
+        weights = trainer_engine(ctx).weights()  # a replay, whose trainer stays resident for the next stages
+    if engines is not None and engines.generator is not None:
+        generator = engines.generator
+        generator.load_weights(weights)
+    else:
+        generator = _new_generator(ctx, weights)
+    if engines is not None:
+        engines.generator, engines.generator_policy = generator, ctx.update
+    return generator
+
+
+def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> GenerationEngine:
+    rows = ctx.config.sampling.batch_rows
+    if ctx.config.model.kind == "testbed":
+        generator = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
+        generator.load_weights(weights)
+        return generator
+    from probepo.engines.hf import HFGenerationEngine
+
+    # The model's layout (config, tokenizer) comes from a full checkpoint, policy k's weights after it.
+    layout = weights if isinstance(weights, Path) else None
+    folder = layout or fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)))
+    dtype, device = model_dtype(ctx.config.model), policy_device()
+    generator = HFGenerationEngine(folder, dtype=dtype, device=device, max_batch_rows=rows)
+    if layout is None:
+        generator.load_weights(weights)
+    return generator

@@ -1,0 +1,139 @@
+"""Full checkpoints every N updates and the optimize replay (ALGORITHM-independent; DESIGN.md "Execution").
+
+A run with `checkpoint_every: 3` commits policy k in full at updates 0, 3 and the last one only; the
+optimize stages between commit their metrics and a weight digest. Killed (SIGKILL) at points between two
+full checkpoints and resumed, it replays the optimize stages since the last one from their committed
+inputs, generating nothing again, and ends bitwise equal to an uninterrupted `checkpoint_every: 1` run.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import yaml
+
+from probepo import execution
+from probepo.engines.sampler import TorchGenerationEngine
+from probepo.execution import StageRequest
+from probepo.pipeline import train
+from probepo.stages.context import StageContext
+from probepo.stages.policy import DIGEST, ReplayDiverged
+from probepo.store import ArtifactStore
+from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, train_cli
+
+FULL = [0, 3, 5]  # checkpoint_every 3 over 5 updates: update 0, every third, and the last
+GENERATING = {"sample", "probe", "evaluate"}
+
+
+def final_checkpoint(store: ArtifactStore, run_id: str) -> dict[str, bytes]:
+    files = store.read_stage(run_id, LONG_UPDATES, "checkpoint")
+    return {name: files[name] for name in FINAL_FILES}
+
+
+@pytest.mark.integration
+def test_only_every_third_policy_is_committed_in_full_and_the_bits_do_not_change(
+    warm_store, every_update_reference
+):
+    train(every_config(3), "every-3", store=warm_store)
+    entries = warm_store.ledger_entries("every-3")
+    assert [u for u, stages in entries.items() if "checkpoint" in stages] == FULL
+    for update in range(LONG_UPDATES):
+        summary = warm_store.marker("every-3", update, "optimize")["summary"]
+        assert (DIGEST in summary) == (update + 1 not in FULL)
+    assert final_checkpoint(warm_store, "every-3") == every_update_reference
+
+    # The metrics are those of the run that checkpoints every update (digests aside).
+    def comparable(run_id: str) -> list[dict]:
+        return [
+            {k: v for k, v in m.items() if "wall_s" not in k and not k.endswith(DIGEST)}
+            for m in warm_store.read_metrics(run_id)
+        ]
+
+    assert comparable("every-3") == comparable("every-1")
+
+
+def _kill_cli(store: ArtifactStore, tmp_path: Path, run_id: str, crash_at: str) -> None:
+    preset = tmp_path / "every-3.yaml"
+    preset.write_text(yaml.safe_dump(every_config(3).model_dump(mode="json")))
+    assert train_cli(store.url, preset, run_id, crash_at) == -signal.SIGKILL
+
+
+class StageSpy:
+    """Which stage each generation call happens in, and what each stage attempt reports."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.current: tuple[int, str] | None = None
+        self.generation_calls: list[tuple[int, str]] = []
+        original_execute, original_continue = execution.execute_stage, TorchGenerationEngine.continue_from
+
+        def execute(ctx: StageContext, stage: str) -> None:
+            self.current = (ctx.update, stage)
+            try:
+                original_execute(ctx, stage)
+            finally:
+                self.current = None
+
+        def continue_from(engine, *args, **kwargs):
+            self.generation_calls.append(self.current)
+            return original_continue(engine, *args, **kwargs)
+
+        monkeypatch.setattr(execution, "execute_stage", execute)
+        monkeypatch.setattr(TorchGenerationEngine, "continue_from", continue_from)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("crash_at", "resume_every", "replayed"),
+    [
+        ("1:score:after-commit", 3, 1),  # policy 1 only in memory: replay optimize 0 from checkpoint 0
+        ("2:probe:before-commit", 3, 2),  # replay optimizes 0 and 1 for the generation stages of update 2
+        ("1:optimize:before-commit", 1, 1),  # a light optimize killed while committing; resumed at every 1
+    ],
+)
+def test_killed_between_full_checkpoints_replays_without_generating(
+    warm_store, every_update_reference, tmp_path, monkeypatch, crash_at, resume_every, replayed
+):
+    run_id = "every-3-" + crash_at.replace(":", "-")
+    _kill_cli(warm_store, tmp_path, run_id, crash_at)
+    before = {u: set(stages) for u, stages in warm_store.ledger_entries(run_id).items()}
+
+    spy = StageSpy(monkeypatch)
+    train(every_config(resume_every), run_id, store=warm_store)  # checkpoint_every is not part of the recipe
+
+    assert final_checkpoint(warm_store, run_id) == every_update_reference
+    # Generation ran only in generating stages the killed run had not committed: the replay generated
+    # nothing (and no stage before the kill ran again).
+    assert spy.generation_calls
+    for update, stage in spy.generation_calls:
+        assert stage in GENERATING and stage not in before.get(update, set()), (update, stage)
+    notes = [a.get("replayed_updates") for a in warm_store.attempts(run_id) if a.get("replayed_updates")]
+    assert notes == [replayed]  # one stage restored the policy; the others had it resident
+
+
+@pytest.mark.integration
+def test_a_replay_that_does_not_reproduce_the_committed_weights_stops_naming_the_update(warm_store, tmp_path):
+    run_id = "every-3-diverged"
+    _kill_cli(warm_store, tmp_path, run_id, "2:score:before-commit")
+    marker = Path(warm_store.url) / "runs" / run_id / "ledger" / "000001" / "optimize.json"
+    record = json.loads(marker.read_text())
+    record["summary"][DIGEST] = "0" * 64
+    marker.write_text(json.dumps(record))
+    with pytest.raises(ReplayDiverged, match=f"update 1's optimize stage of run {run_id}"):
+        train(every_config(3), run_id, store=warm_store)
+
+
+class PerStageJobs:
+    """A runner that, like the SLURM executor, would run every stage in a fresh process."""
+
+    resident = False
+
+    def run(self, request: StageRequest, ctx: StageContext) -> None:
+        raise AssertionError("nothing may run")
+
+
+def test_checkpoint_every_above_1_is_refused_with_jobs_per_stage(warm_store):
+    with pytest.raises(ValueError, match="checkpoint_every = 3 needs engines that stay resident"):
+        train(every_config(3), "every-3-jobs", store=warm_store, runner=PerStageJobs())
