@@ -32,6 +32,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+# One torch thread, as the CLI process of the killed run has: replay is bitwise only at equal thread counts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import yaml
 from benchlib import machine
 

@@ -127,8 +127,7 @@ def test_a_run_checkpointed_every_other_update_replays_the_real_model_after_a_ki
     env = {**os.environ, CRASH_ENV: "1:sample:after-commit"}
     assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == -signal.SIGKILL
     assert not store.committed("qwen-every-2", 1, "checkpoint")
-    resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
-    assert resumed.returncode == 0, resumed.stderr
+    train(config.model_copy(update={"checkpoint_every": 2}), "qwen-every-2", store=store)
     replayed = [
         a.get("replayed_updates") for a in store.attempts("qwen-every-2") if a.get("replayed_updates")
     ]
