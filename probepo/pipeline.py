@@ -106,8 +106,8 @@ def train(
         raise ValueError(
             f"checkpoint_every = {config.checkpoint_every} needs engines that stay resident from update to"
             " update, and this executor starts a job per stage (each would replay every update since the"
-            " last full checkpoint): run the driver inline inside one allocation (`probepo train --executor"
-            " inline` in a SLURM job), or set checkpoint_every = 1"
+            " last full checkpoint): use `--executor resident` (the driver as one SLURM job) or `inline`,"
+            " or set checkpoint_every = 1"
         )
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
