@@ -3,6 +3,7 @@ what the replay after a kill costs.
 
     .venv/bin/python bench/scale.py                    # the testbed and the tiny Qwen2
     .venv/bin/python bench/scale.py --models testbed   # the testbed only (≈ 1 min)
+    .venv-vllm/bin/python bench/scale.py --models generation   # vLLM vs Hugging Face (scripts/venv.sh vllm)
 
 Per model — the CPU testbed (configs/cpu-demo.yaml: a 0.1 M-parameter GPT) and the tiny Qwen2 of
 tests/hf/tiny_qwen.py (2 layers, hidden 64, Qwen's 151,936-token vocabulary: 9.8 M parameters, so a full
@@ -15,6 +16,9 @@ evaluated only at update 0 and U:
   optimize stage restores policy 9 by loading checkpoint 0 and replaying the optimize stages of updates
   0-8 (`replay_s` of its attempt), set against those 9 stages' own seconds in the uninterrupted run; its
   final checkpoint must be bitwise the uninterrupted run's.
+- `generation` (from .venv-vllm): tokens per second of the vLLM engine and the Hugging Face engine on the
+  tiny Qwen2, the same call for both — 16 arithmetic prompts × 8 samples of 32 tokens at temperature 1, no
+  stop token (so both decode the same 4,096 tokens), timed after one warm-up call; vLLM's start-up apart.
 Writes bench/results/scale.json and prints the table of docs/BENCHMARKS.md. On a shared machine read the
 ratios, which are measured in one run.
 """
@@ -117,9 +121,50 @@ def measure(name: str, make_config, folder: Path) -> dict[str, Any]:
     }
 
 
+def generation_throughput(folder: Path) -> dict[str, Any]:
+    """vLLM vs Hugging Face engine tokens/s on the tiny Qwen2 (see the module docstring)."""
+    import random
+
+    from probepo.engines.base import SamplingParams
+    from probepo.engines.hf import HFGenerationEngine
+    from probepo.engines.vllm_engine import VLLMGenerationEngine
+    from tests.hf.tiny_qwen import arithmetic_text, build_tiny_qwen
+
+    tiny = build_tiny_qwen(folder / "tiny-qwen")
+    rng = random.Random(0)
+    prompts = [tiny.tokenizer.encode(arithmetic_text(rng).split("=")[0] + "=") for _ in range(16)]
+    n, params = 8, SamplingParams(temperature=1.0, max_tokens=32)
+    tokens = len(prompts) * n * params.max_tokens
+    figures: dict[str, Any] = {
+        "prompts": len(prompts),
+        "n": n,
+        "max_tokens": params.max_tokens,
+        "tokens": tokens,
+    }
+    started = time.perf_counter()
+    vllm = VLLMGenerationEngine(tiny.folder, max_batch_rows=len(prompts) * n, gpu_memory_utilization=0.1)
+    figures["vllm_startup_s"] = round(time.perf_counter() - started, 1)
+    for name, engine in (
+        ("hf", HFGenerationEngine(tiny.folder, max_batch_rows=len(prompts) * n)),
+        ("vllm", vllm),
+    ):
+        engine.generate(prompts[:2], n, params, 0)  # warm-up
+        started = time.perf_counter()
+        result = engine.generate(prompts, n, params, 1)
+        seconds = time.perf_counter() - started
+        assert sum(len(c.ids) for group in result for c in group) == tokens
+        figures[f"{name}_s"] = round(seconds, 2)
+        figures[f"{name}_tokens_per_s"] = round(tokens / seconds, 1)
+    vllm.close()
+    figures["vllm_to_hf_speed"] = round(figures["vllm_tokens_per_s"] / figures["hf_tokens_per_s"], 2)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen"])
+    parser.add_argument(
+        "--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen", "generation"]
+    )
     args = parser.parse_args()
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     with tempfile.TemporaryDirectory(prefix="probepo-scale-") as tmp:
@@ -137,6 +182,15 @@ def main() -> None:
                 lambda store: qwen_config(model, num_updates=UPDATES, store=str(store), eval=evaluation),
                 folder / "qwen",
             )
+        if "generation" in args.models:
+            sys.path.insert(0, str(ROOT))
+            results["generation"] = generation_throughput(folder)
+            results["generation"]["machine"] = machine()
+            results["generation"]["date"] = datetime.now(UTC).isoformat(timespec="minutes")
+            print(json.dumps(results["generation"], indent=2))
+    if args.models == ["generation"]:  # the other entries keep their own machine, date and command
+        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+        return
     results.update(
         machine=machine(),
         date=datetime.now(UTC).isoformat(timespec="minutes"),

