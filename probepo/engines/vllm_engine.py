@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import weakref
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -90,15 +91,17 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy in place: a checkpoint folder, a .safetensors file, or a model state dict."""
-        if isinstance(source, dict):
-            folder = self._scratch_folder()
-            save_file(_unshared(source), str(folder / "model.safetensors"))
-        elif Path(source).is_dir():
-            folder = self._model_view(Path(source))
+        if isinstance(source, dict) or not Path(source).is_dir():
+            # a copy of the policy, deleted once loaded (a 7B one is 15 GB)
+            copy = self._scratch_folder() / "model.safetensors"
+            if isinstance(source, dict):
+                save_file(_unshared(source), str(copy))
+            else:
+                shutil.copyfile(source, copy)
+            self.llm.collective_rpc("load_policy", args=(str(copy.parent),))
+            copy.unlink()
         else:
-            folder = self._scratch_folder()
-            shutil.copyfile(source, folder / "model.safetensors")
-        self.llm.collective_rpc("load_policy", args=(str(folder),))
+            self.llm.collective_rpc("load_policy", args=(str(self._model_view(Path(source))),))
         # Cached blocks hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
 
@@ -111,6 +114,8 @@ class VLLMGenerationEngine(ChunkedDecoding):
     def _scratch_folder(self, name: str = "weights") -> Path:
         if self._scratch is None:
             self._scratch = Path(tempfile.mkdtemp(prefix="probepo-vllm-"))
+            # resident engines are dropped, not closed: the folder goes with the engine
+            weakref.finalize(self, shutil.rmtree, self._scratch, True)
         folder = self._scratch / name
         folder.mkdir(exist_ok=True)
         return folder
