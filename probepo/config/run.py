@@ -194,8 +194,9 @@ class ModelConfig(_Strict):
     each new policy in place. Scoring and optimisation stay on the trainer either way."""
 
     vllm_memory: float = Field(0.9, gt=0, le=1)
-    """generator vllm: the fraction of the GPU's memory vLLM may take for weights and KV cache (on the CPU
-    backend: of the machine's RAM, so keep it small beside the trainer there)."""
+    """generator vllm: the fraction of the GPU's memory vLLM may take for weights and KV cache. On the CPU
+    backend it is the share of the machine's RAM the whole stage process may hold (vLLM runs in it, so the
+    trainer's memory counts against it): too small and vLLM refuses to start, naming the shortfall."""
 
     vocab_size: int = Field(19, ge=2)
     """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain, letters + 8

@@ -25,7 +25,7 @@ FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
 
 
 def vllm_config(tiny_qwen):
-    model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "generator": "vllm", "vllm_memory": 0.1}
+    model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "generator": "vllm", "vllm_memory": 0.3}
     return qwen_config(tiny_qwen.folder, model=model, eval={"problems": 4, "every": 2, "greedy": False})
 
 
