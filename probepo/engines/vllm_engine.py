@@ -148,15 +148,16 @@ class VLLMGenerationEngine(ChunkedDecoding):
         greedy rescue request per row that reached its limit when rescue_len > 0."""
         seeds = torch.randint(0, SEED_RANGE, (len(prefixes),), generator=generator).tolist()
         stop = list(params.stop_token_ids)
+        limit_of = limits.tolist()
         sampled: list[list[Completion]] = [
             [Completion(ids=[], finish_reason="length") for _ in range(n)] if limit == 0 else []
-            for limit in limits.tolist()
+            for limit in limit_of
         ]
-        asked = [i for i, limit in enumerate(limits.tolist()) if limit > 0]
+        asked = [i for i, limit in enumerate(limit_of) if limit > 0]
         outputs = self._generate(
             [prefixes[i] for i in asked],
             [
-                self._params(n, params.temperature, params.top_p, int(limits[i]), stop, seed=seeds[i])
+                self._params(n, params.temperature, params.top_p, limit_of[i], stop, seed=seeds[i])
                 for i in asked
             ],
         )
@@ -165,10 +166,9 @@ class VLLMGenerationEngine(ChunkedDecoding):
                 Completion(ids=list(sample.token_ids), finish_reason=_finish(sample.finish_reason))
                 for sample in output.outputs
             ]
-        rescue_tokens = rescue_len - len(rescue_ids)
-        if rescue_len == 0 or rescue_tokens <= 0:
+        if rescue_len == 0:  # ChunkedDecoding: rescue_len > 0 only with rescue tokens to generate
             return sampled
-        return self._rescue(prefixes, sampled, rescue_ids.tolist(), rescue_tokens, stop)
+        return self._rescue(prefixes, sampled, rescue_ids.tolist(), rescue_len - len(rescue_ids), stop)
 
     def _rescue(
         self,
