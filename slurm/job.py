@@ -15,21 +15,24 @@ again, the driver resumes from the store (replaying optimize since the last full
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from probepo.execution import StageRequest, current_job_id, execute_stage
+from probepo.execution import LockstepRunner, StageRequest, current_job_id, execute_stage, follow_stages
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
-from probepo.store import ArtifactStore
-from slurm.ranks import job_ranks
+from probepo.store import AlreadyCommitted, ArtifactStore
+from slurm.ranks import Ranks, job_ranks
 
 REQUEUED = "requeued"
 PREEMPTED = "preempted"
 COMMITTED = "committed"
 CANCELLED = "cancelled"
+DISTRIBUTED_STAGES = ("score", "optimize")
+"""The stages on the trainer engine, which run on every rank of a multi-task job."""
 
 
 def _install_stop_flag() -> StopFlag:
@@ -61,11 +64,16 @@ def requeue_self() -> bool:
 def run_stage_job(request: StageRequest) -> str:
     """Run one stage in this job; returns `committed` (also when an earlier run of the job committed it).
     A preempted stage requeues its SLURM job and exits with PREEMPTED_EXIT, or ends `preempted` locally.
-    Ranks other than 0 of a multi-task job only get their rank environment (stages are single-process
-    today; distributed engines rendezvous through it)."""
+
+    In a multi-task job the trainer's stages (score, optimize: DeepSpeed over the job's ranks) run on
+    every rank, in one process group, sharing a scratch folder on the node; rank 0 records the attempt
+    and commits. Other stages run on rank 0 alone (the other ranks end at once)."""
     flag = _install_stop_flag()
     ranks = job_ranks()
     ranks.export()
+    if ranks.world_size > 1 and request.stage in DISTRIBUTED_STAGES:
+        one_node(ranks, request.describe())
+        return _run_distributed(request, flag, ranks.rank)
     if ranks.rank != 0:
         return COMMITTED
     from probepo.store import open_store
@@ -82,24 +90,84 @@ def run_stage_job(request: StageRequest) -> str:
     return COMMITTED
 
 
-def run_driver_job(request: StageRequest) -> str:
-    """Run the driver of `request`'s run in this job (the resident executor): every stage left, inline,
-    the engines resident; returns `committed` once the run is complete. Preempted, it requeues as a
-    stage job does (the driver's own stop flag catches USR2 and SIGTERM)."""
-    _install_stop_flag()  # submitit's handlers off until the driver installs its own
-    ranks = job_ranks()
-    ranks.export()
-    if ranks.rank != 0:
-        return COMMITTED
-    from probepo.pipeline import train
+def one_node(ranks: Ranks, what: str) -> None:
+    """The ranks of a job share its node's scratch folder (where each writes its optimizer shard for rank
+    0 to commit): refuse a job spread over nodes before any rank starts."""
+    if ranks.nodes > 1:
+        raise RuntimeError(
+            f"{what} runs on {ranks.world_size} ranks over {ranks.nodes} nodes; its ranks must share one node"
+            " (their scratch folder): give it nodes: 1 and tasks_per_node: <GPUs per node> in the profile"
+        )
+
+
+def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
+    """A trainer stage on every rank of this job (see run_stage_job)."""
+    from probepo import distributed
+    from probepo.stages import STAGES
     from probepo.store import open_store
 
     store = open_store(request.store_url)
-    cancellations = len(store.cancellations(request.run_id))
+    distributed.join()
+    # the ranks of one node share its scratch (each rank's optimizer shard is committed from there)
+    scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{current_job_id()}"
     try:
-        train(request.config, request.run_id, store=store, say=lambda line: print(line, flush=True))
+        if distributed.any_rank(rank == 0 and store.committed(request.run_id, request.update, request.stage)):
+            return COMMITTED
+        cancellations = len(store.cancellations(request.run_id))
+        scratch.mkdir(parents=True, exist_ok=True)
+        ctx = request.context(store, scratch, distributed.agreed(flag))
+        try:
+            if rank == 0:
+                execute_stage(ctx, request.stage)  # records a lost race as such
+            else:
+                STAGES[request.stage](ctx)
+        except AlreadyCommitted:
+            return COMMITTED
+        except Preempted as exc:
+            return _preempted(store, request, cancellations, exc) if rank == 0 else PREEMPTED
+        return COMMITTED
+    finally:
+        distributed.barrier()
+        if rank == 0:
+            shutil.rmtree(scratch, ignore_errors=True)
+        distributed.leave()
+
+
+def run_driver_job(request: StageRequest) -> str:
+    """Run the driver of `request`'s run in this job (the resident executor): every stage left, inline,
+    the engines resident; returns `committed` once the run is complete. Preempted, it requeues as a
+    stage job does (the driver's own stop flag catches USR2 and SIGTERM). In a multi-task job every rank
+    runs every stage in lockstep (LockstepRunner on rank 0, follow_stages on the others), so DeepSpeed
+    shards the trainer over the job's ranks."""
+    flag = _install_stop_flag()  # submitit's handlers off until the driver installs its own
+    ranks = job_ranks()
+    ranks.export()
+    from probepo import distributed
+    from probepo.pipeline import train
+    from probepo.store import open_store
+
+    lockstep = ranks.world_size > 1
+    if lockstep:
+        one_node(ranks, request.describe())
+        distributed.join()
+        if ranks.rank != 0:
+            follow_stages(request, flag)
+            distributed.leave()
+            return COMMITTED
+    runner = LockstepRunner() if lockstep else None
+    store = open_store(request.store_url)
+    cancellations = len(store.cancellations(request.run_id))
+    say = lambda line: print(line, flush=True)  # noqa: E731
+    try:
+        train(request.config, request.run_id, store=store, say=say, runner=runner)
     except Preempted as exc:
+        if runner is not None:
+            runner.finish()
+            distributed.leave()
         return _preempted(store, request, cancellations, exc)
+    if runner is not None:
+        runner.finish()
+        distributed.leave()
     return COMMITTED
 
 

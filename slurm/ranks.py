@@ -1,5 +1,5 @@
-"""The rank environment of a multi-task job, as torch.distributed and DeepSpeed expect it, and the one
-decision all ranks must share: whether to stop at this safe point."""
+"""The rank environment of a multi-task job, as torch.distributed and DeepSpeed expect it (the ranks join
+their process group through it: probepo.distributed)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 
 PORT_BASE, PORT_SPAN = 20000, 20000
@@ -22,6 +21,7 @@ class Ranks:
     world_size: int
     master_addr: str
     master_port: int
+    nodes: int = 1
 
     def export(self) -> None:
         """Set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`init_process_group(init_method=
@@ -49,6 +49,7 @@ def job_ranks() -> Ranks:
         world_size=env.num_tasks,
         master_addr=address_of(env.hostnames[0]),
         master_port=PORT_BASE + int(digits) % PORT_SPAN,
+        nodes=env.num_nodes,
     )
 
 
@@ -65,16 +66,3 @@ def address_of(node: str) -> str:
     )
     found = re.search(r"\bNodeAddr=(\S+)", shown.stdout)
     return found.group(1) if found else node
-
-
-def agree_to_stop(should_stop: Callable[[], bool]) -> bool:
-    """Whether any rank was told to stop: all ranks take the same decision before a collective save (one
-    all-reduce when torch.distributed is initialised; the local flag otherwise)."""
-    import torch
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()):
-        return should_stop()
-    flag = torch.tensor([1 if should_stop() else 0])
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return bool(flag.item())

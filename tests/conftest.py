@@ -1,6 +1,7 @@
 """Suite-wide settings (one torch thread per process: measured faster than 2 under load), the real S3
 endpoint that store and pipeline tests share (a moto server in its own process, started on first use),
-and stores holding the tiny recipe's warm-up, made once per session."""
+stores holding the tiny recipe's warm-up, made once per session, and the tiny Qwen2 model of the Hugging
+Face, vLLM and DeepSpeed tests (built and trained once per session, ~20 s)."""
 
 import os
 import uuid
@@ -20,6 +21,7 @@ import torch
 
 from probepo.pipeline import ensure_warmup
 from probepo.store import ArtifactStore, open_store
+from tests.hf.tiny_qwen import TinyQwen, build_tiny_qwen
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
 
 torch.set_num_threads(1)
@@ -91,3 +93,11 @@ def every_update_reference(warm_store: ArtifactStore) -> dict[str, bytes]:
     train(every_config(1), "every-1", store=warm_store)
     files = warm_store.read_stage("every-1", LONG_UPDATES, "checkpoint")
     return {name: files[name] for name in FINAL_FILES}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained
+    return build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"))

@@ -67,8 +67,9 @@ _SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL(?!S_FILE)|^AWS_AC
 
 
 class StageResources(Strict):
-    """What one stage's job asks SLURM for (sbatch options). The local executor uses none of them but
-    the signal grace; inline execution none at all."""
+    """What one stage's job asks SLURM for (sbatch options). The local executor uses only the time limit,
+    the signal grace and tasks_per_node (that many rank processes on this machine); inline execution
+    none at all."""
 
     partition: str | None = None
     """SLURM partition (sbatch --partition); None: the cluster's default."""

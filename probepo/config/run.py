@@ -198,6 +198,20 @@ class ModelConfig(_Strict):
     backend it is the share of the machine's RAM the whole stage process may hold (vLLM runs in it, so the
     trainer's memory counts against it): too small and vLLM refuses to start, naming the shortfall."""
 
+    trainer: Literal["hf", "deepspeed"] = "hf"
+    """hf: which engine scores and optimises. hf: the Hugging Face engine in the stage's process (one
+    device). deepspeed: DeepSpeed ZeRO (`zero_stage`) over the ranks of the stage's job (the profile's
+    nodes x tasks_per_node for score and optimize; the `deepspeed` extra), its optimizer state committed
+    as one safetensors shard per rank: a run resumes on the same number of ranks."""
+
+    zero_stage: Literal[2, 3] = 2
+    """trainer deepspeed: 2 shards the optimizer state and gradients over the ranks; 3 the parameters too
+    (gathered layer by layer in each forward pass)."""
+
+    gradient_checkpointing: bool = False
+    """trainer deepspeed: recompute each decoder layer's activations in the backward pass instead of
+    keeping them (less memory for long responses, about a third more compute)."""
+
     vocab_size: int = Field(19, ge=2)
     """Token vocabulary size; must equal the task tokenizer's `vocab_size` (19 for modchain, letters + 8
     for pointer)."""
@@ -218,10 +232,14 @@ class ModelConfig(_Strict):
     """Hidden width of each MLP as a multiple of d_model."""
 
     @model_validator(mode="after")
-    def _heads_divide(self) -> ModelConfig:
+    def _consistent(self) -> ModelConfig:
         if self.generator == "vllm" and self.kind != "hf":
             raise ValueError(
                 "model.generator = vllm needs model.kind = hf (the testbed GPT is not a vLLM model)"
+            )
+        if self.trainer == "deepspeed" and self.kind != "hf":
+            raise ValueError(
+                "model.trainer = deepspeed needs model.kind = hf (the testbed GPT trains in plain torch)"
             )
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads = {self.n_heads} must divide d_model = {self.d_model}")

@@ -128,40 +128,57 @@ class TorchTrainerEngine:
         divided by the mini-batch's global token (or sequence) count."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        lengths = [len(batch.responses[i]) for i in rows]
-        totals = {
-            "global_tokens": float(max(sum(lengths), 1)),
-            "global_seqs": float(max(sum(x > 0 for x in lengths), 1)),
-            "norm_len": float(self.response_budget),
-        }
-        device = next(self.model.parameters()).device
+        totals = self._loss_totals(batch, rows)
         total_loss, parts, weights = 0.0, [], []
-        for start in range(0, len(rows), self.optim.microbatch_size):
-            micro = rows[start : start + self.optim.microbatch_size]
-            logp, entropy, mask = self.training_logp_entropy(
-                [batch.prompts[i] for i in micro], [batch.responses[i] for i in micro]
-            )
-            T = mask.shape[1]
-            loss, metrics = ppo_clip_loss(
-                logp,
-                batch.old_logp[micro, :T].to(device, logp.dtype),
-                batch.advantages[micro, :T].to(device, logp.dtype),
-                mask,
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                agg=self.algo.loss_agg,
-                logratio_clamp=self.algo.logratio_clamp,
-                **totals,
-            )
+        for micro in self._microbatches(rows):
+            loss, part, tokens = self._micro_loss(batch, micro, totals)
             loss.backward()
             total_loss += loss.item()
-            tokens = mask.sum()
-            parts.append({**metrics, "entropy": float((entropy * mask).sum() / tokens.clamp_min(1))})
-            weights.append(float(tokens))
+            parts.append(part)
+            weights.append(tokens)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.optim.grad_clip)
         self.optimizer.step()
         self.optimizer_steps += 1
         return {"loss": total_loss, "grad_norm": float(grad_norm), **combine_metrics(parts, weights)}
+
+    def _microbatches(self, rows: list[int]) -> list[list[int]]:
+        size = self.optim.microbatch_size
+        return [rows[start : start + size] for start in range(0, len(rows), size)]
+
+    def _loss_totals(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
+        """The divisors of the mini-batch `rows`' loss (its tokens, its non-empty sequences, Dr.GRPO's
+        constant), the same for each of its micro-batches."""
+        lengths = [len(batch.responses[i]) for i in rows]
+        return {
+            "global_tokens": float(max(sum(lengths), 1)),
+            "global_seqs": float(max(sum(x > 0 for x in lengths), 1)),
+            "norm_len": float(self.response_budget),
+        }
+
+    def _micro_loss(
+        self, batch: TrainBatch, micro: list[int], totals: dict[str, float]
+    ) -> tuple[Tensor, dict[str, float], float]:
+        """(loss with its graph, metrics, token count) of one micro-batch, the loss divided by the
+        mini-batch's `totals`."""
+        logp, entropy, mask = self.training_logp_entropy(
+            [batch.prompts[i] for i in micro], [batch.responses[i] for i in micro]
+        )
+        T = mask.shape[1]
+        device = logp.device
+        loss, metrics = ppo_clip_loss(
+            logp,
+            batch.old_logp[micro, :T].to(device, logp.dtype),
+            batch.advantages[micro, :T].to(device, logp.dtype),
+            mask,
+            clip_low=self.algo.clip_low,
+            clip_high=self.algo.clip_high,
+            agg=self.algo.loss_agg,
+            logratio_clamp=self.algo.logratio_clamp,
+            **totals,
+        )
+        tokens = mask.sum()
+        entropy_mean = float((entropy * mask).sum() / tokens.clamp_min(1))
+        return loss, {**metrics, "entropy": entropy_mean}, float(tokens)
 
     def training_logp_entropy(
         self, prompts: list[list[int]], responses: list[list[int]]

@@ -14,9 +14,10 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from probepo import distributed
 from probepo.config import RunConfig
 from probepo.faults import fault_point
-from probepo.store import ArtifactStore
+from probepo.store import AlreadyCommitted, ArtifactStore
 
 if TYPE_CHECKING:
     from probepo.stages.policy import ResidentEngines
@@ -69,10 +70,24 @@ class StageContext:
         update: int | None = None,
     ) -> dict:
         """Commit a stage's (or a partial sub-stage's) outputs; returns the marker. The summary gets the
-        stage's wall time so far (`wall_s`)."""
+        stage's wall time so far (`wall_s`). On the ranks of a distributed stage rank 0 commits (the files
+        are on the node's shared scratch) once every rank has arrived, and the others wait for it, so all
+        go on from the same store."""
         update = self.update if update is None else update
         summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
         fault_point(update, stage, "before-commit", self.should_stop)
-        marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+        # Every rank reaches this commit before rank 0 makes it: no rank can then read the store's
+        # progress (committed shards, parts) in a state another rank did not see.
+        distributed.barrier()
+        marker, lost = None, None
+        if distributed.rank() == 0:
+            try:
+                marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+            except AlreadyCommitted as exc:
+                lost = exc
+        if distributed.any_rank(lost is not None):  # every rank stops at a lost race
+            winner = self.store.marker(self.run_id, update, stage)
+            raise lost or AlreadyCommitted(self.run_id, update, stage, winner)
+        marker = marker or self.store.marker(self.run_id, update, stage) or {}
         fault_point(update, stage, "after-commit", self.should_stop)
         return marker

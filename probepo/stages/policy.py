@@ -23,6 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from probepo import distributed
 from probepo.config import ModelConfig
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
@@ -70,14 +71,16 @@ def at_update(ctx: StageContext, update: int) -> StageContext:
 
 def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
     """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k, in
-    full) into scratch, every file of its commit; returns its folder."""
+    full) into scratch, every file of its commit; returns its folder. The ranks of a distributed stage share
+    the scratch of their node: rank 0 downloads, the others wait."""
     update = ctx.update
     folder = ctx.scratch / f"policy-{update:06d}-{stage}"
-    if not (folder / FETCHED).exists():
+    if distributed.rank() == 0 and not (folder / FETCHED).exists():
         folder.mkdir(parents=True, exist_ok=True)
         for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
             ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
         (folder / FETCHED).touch()
+    distributed.barrier()
     return folder
 
 
@@ -112,10 +115,23 @@ def policy_device() -> str:
 
 
 def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
-    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (the Hugging Face
-    engine for `model.kind: hf`, saving `tokenizer` with each checkpoint)."""
+    """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (for `model.kind:
+    hf` the Hugging Face engine, or DeepSpeed's with `model.trainer: deepspeed`, saving `tokenizer` with
+    each checkpoint)."""
     cfg = ctx.config
     settings = {"response_budget": cfg.sampling.max_tokens, "temperature": cfg.sampling.temperature}
+    if cfg.model.kind == "hf" and cfg.model.trainer == "deepspeed":
+        from probepo.engines.deepspeed_engine import DeepSpeedTrainerEngine
+
+        return DeepSpeedTrainerEngine(
+            model,
+            cfg.optim,
+            cfg.algo,
+            zero_stage=cfg.model.zero_stage,
+            gradient_checkpointing=cfg.model.gradient_checkpointing,
+            tokenizer=tokenizer,
+            **settings,
+        )
     if cfg.model.kind == "hf":
         from probepo.engines.hf import HFTrainerEngine
 
@@ -125,13 +141,15 @@ def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> Trainer
 
 def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
     """A trainer engine on the policy saved in `folder`, optimizer state included."""
-    if ctx.config.model.kind == "hf":
+    model = ctx.config.model
+    if model.kind == "hf":
         from probepo.engines.hf import load_policy
 
-        model = ctx.config.model
-        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=policy_device()))
+        # DeepSpeed places (and under ZeRO-3 partitions) the model on this rank's device itself
+        device = "cpu" if model.trainer == "deepspeed" else policy_device()
+        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
     else:
-        engine = new_trainer(ctx, GPT(ctx.config.model))
+        engine = new_trainer(ctx, GPT(model))
     engine.load(folder)
     return engine
 

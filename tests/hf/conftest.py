@@ -1,18 +1,11 @@
-"""The tiny Qwen2 model (built and trained once per session, ~20 s) and fresh copies of it per test."""
+"""Fresh copies of the tiny Qwen2 model per test (the model itself: the session fixture `tiny_qwen` of
+tests/conftest.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.hf.tiny_qwen import TinyQwen, build_tiny_qwen
-
-
-@pytest.fixture(scope="session")
-def tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen:
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained
-    return build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"))
+from tests.hf.tiny_qwen import TinyQwen
 
 
 @pytest.fixture

@@ -96,3 +96,12 @@ def test_the_vllm_generator_needs_a_hugging_face_model():
         RunConfig.model_validate({"task": {"kind": "math"}, "model": {**hf, "vllm_memory": 0}})
     model = RunConfig.model_validate({"task": {"kind": "math"}, "model": hf}).model
     assert (model.generator, model.vllm_memory) == ("vllm", 0.9)
+
+
+def test_the_deepspeed_trainer_needs_a_hugging_face_model():
+    with pytest.raises(ValidationError, match=r"model\.trainer = deepspeed needs model\.kind = hf"):
+        RunConfig.model_validate({"model": {"kind": "testbed", "trainer": "deepspeed"}})
+    with pytest.raises(ValidationError, match="zero_stage"):
+        RunConfig.model_validate(
+            {"model": {"kind": "hf", "pretrained": "x", "trainer": "deepspeed", "zero_stage": 1}}
+        )

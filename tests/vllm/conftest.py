@@ -1,5 +1,5 @@
-"""The Hugging Face tests' tiny Qwen2 fixtures, for the vLLM engine's comparisons."""
+"""The Hugging Face tests' fixtures on the tiny Qwen2 model, for the vLLM engine's comparisons."""
 
-from tests.hf.conftest import model, tiny_qwen, tokenizer
+from tests.hf.conftest import model, tokenizer
 
-__all__ = ["model", "tiny_qwen", "tokenizer"]
+__all__ = ["model", "tokenizer"]

@@ -82,6 +82,8 @@ class HFTrainerEngine(TorchTrainerEngine):
         self.autocast_dtype = autocast_dtype
         self.tokenizer = tokenizer
         self.device = next(model.parameters()).device
+        self.forward_scores: nn.Module = ResponseScorer(model, temperature, score_chunk_tokens)
+        """The forward pass of scoring and training (a DeepSpeed engine wraps it)."""
 
     def _autocast(self) -> AbstractContextManager[None]:
         enabled = self.autocast_dtype is not None
@@ -98,18 +100,8 @@ class HFTrainerEngine(TorchTrainerEngine):
         each head chunk is checkpointed; entropy never does.
         """
         ids, at, targets, mask = (x.to(self.device) for x in pack_responses(prompts, responses))
-        targets = targets[mask]
         with torch.set_grad_enabled(grad), self._autocast():
-            hidden = self.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # [B, width, H]
-            picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))[mask]  # [M, H]
-            logp, entropy = chunked_logp_entropy(
-                self.model.get_output_embeddings(),
-                picked,
-                targets,
-                self.temperature,
-                self.score_chunk_tokens,
-                checkpointed=grad,
-            )
+            logp, entropy = self.forward_scores(ids, at, targets[mask], mask)
         table = torch.zeros(mask.shape, dtype=torch.float32, device=self.device)
         return table.masked_scatter(mask, logp), table.masked_scatter(mask, entropy.detach()), mask
 
@@ -157,6 +149,31 @@ class HFTrainerEngine(TorchTrainerEngine):
         tensors = {f"model.{k}": v for k, v in weights.items()}
         tensors.update(load_file(directory / OPTIMIZER_FILE))
         self.load_state(TrainerState(tensors, json.loads((directory / TRAINER_FILE).read_text())))
+
+
+class ResponseScorer(nn.Module):
+    """A causal LM's body and chunked head as one module: packed rows in, each response token's log-prob
+    and entropy out (chunks checkpointed while grad is enabled). One module, so that a wrapper such as
+    DeepSpeed's engine sees every forward pass."""
+
+    def __init__(self, model: PreTrainedModel, temperature: float, chunk_tokens: int) -> None:
+        super().__init__()
+        self.model, self.temperature, self.chunk_tokens = model, temperature, chunk_tokens
+
+    def forward(self, ids: Tensor, at: Tensor, targets: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        """ids [B, width] packed prompt + response rows, at [B, T] the position predicting each response
+        token, targets [M] the response tokens where mask [B, T] holds. Returns (logp [M], entropy [M]),
+        float32."""
+        hidden = self.model.base_model(input_ids=ids, use_cache=False).last_hidden_state  # [B, width, H]
+        picked = hidden.gather(1, at[..., None].expand(-1, -1, hidden.shape[-1]))[mask]  # [M, H]
+        return chunked_logp_entropy(
+            self.model.get_output_embeddings(),
+            picked,
+            targets,
+            self.temperature,
+            self.chunk_tokens,
+            checkpointed=torch.is_grad_enabled(),
+        )
 
 
 def chunked_logp_entropy(

@@ -1,0 +1,120 @@
+"""The ranks of a distributed stage, as stages and engines see them: one process group (gloo on CPU, NCCL
+on GPUs) joined through the RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT a job exports, and the few
+collectives they need. Every helper is a no-op (or the local value) in a single process without a group,
+so the same stage code runs inline, in a one-task job and on every rank of a multi-task one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+
+def initialized() -> bool:
+    return dist.is_available() and dist.is_initialized()
+
+
+def rank() -> int:
+    return dist.get_rank() if initialized() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if initialized() else 1
+
+
+TIMEOUT = timedelta(hours=1)
+"""How long a collective waits for the other ranks: every rank runs the same stages, but one may reach a
+barrier long after another (rank 0 records and commits; a slow shard of generation)."""
+
+
+def join(backend: str | None = None) -> None:
+    """Join the job's process group from its rank environment (no-op if already joined). Without one (a
+    single process outside any job), a group of one on a free loopback port: DeepSpeed needs a group even
+    on one rank. backend: gloo on CPU, nccl on GPUs by default."""
+    if initialized():
+        return
+    if "WORLD_SIZE" not in os.environ:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+        os.environ["MASTER_PORT"] = str(port)
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend, init_method="env://", timeout=TIMEOUT)
+
+
+def leave() -> None:
+    if initialized():
+        dist.destroy_process_group()
+
+
+def barrier() -> None:
+    if world_size() > 1:
+        dist.barrier()
+
+
+def any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on any rank: the one decision all ranks take together (to stop at a safe point
+    before a collective save; whether rank 0 found the stage committed)."""
+    if world_size() == 1:
+        return flag
+    value = torch.tensor([1 if flag else 0], device=_device())
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
+def agreed(should_stop: Callable[[], bool]) -> Callable[[], bool]:
+    """A stop flag all ranks read together: true on every rank once it is true on any (each call is a
+    collective, so every rank must check it at the same safe points, as ranks running one stage do)."""
+    if world_size() == 1:
+        return should_stop
+    return lambda: any_rank(should_stop())
+
+
+def broadcast_json(message: Any = None) -> Any:
+    """Rank 0's JSON-able `message` on every rank (the others pass nothing): as UTF-8 bytes in a tensor,
+    so nothing received is unpickled."""
+    if world_size() == 1:
+        return message
+    data = json.dumps(message).encode() if rank() == 0 else b""
+    size = torch.tensor([len(data)], dtype=torch.int64, device=_device())
+    dist.broadcast(size, src=0)
+    buffer = torch.zeros(int(size.item()), dtype=torch.uint8, device=_device())
+    if rank() == 0:
+        buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+    dist.broadcast(buffer, src=0)
+    return json.loads(bytes(buffer.cpu().tolist()).decode())
+
+
+def sum_over_ranks(tensor: Tensor) -> Tensor:
+    """The element-wise sum of `tensor` over ranks (a copy; the tensor itself on one rank)."""
+    if world_size() == 1:
+        return tensor
+    total = tensor.detach().to(_device()).clone()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.to(tensor.device)
+
+
+def max_over_ranks(tensor: Tensor) -> Tensor:
+    if world_size() == 1:
+        return tensor
+    top = tensor.detach().to(_device()).clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    return top.to(tensor.device)
+
+
+def _device() -> torch.device:
+    """Where this group's collectives take tensors: NCCL only reduces CUDA tensors."""
+    if initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
