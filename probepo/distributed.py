@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -37,17 +36,15 @@ barrier long after another (rank 0 records and commits; a slow shard of generati
 
 def join(backend: str | None = None) -> None:
     """Join the job's process group from its rank environment (no-op if already joined). Without one (a
-    single process outside any job), a group of one on a free loopback port: DeepSpeed needs a group even
-    on one rank. backend: gloo on CPU, nccl on GPUs by default."""
+    single process outside any job), a group of one: DeepSpeed needs a group even on one rank. backend:
+    gloo on CPU, nccl on GPUs by default."""
     if initialized():
         return
-    if "WORLD_SIZE" not in os.environ:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-        os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
-        os.environ["MASTER_PORT"] = str(port)
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if "WORLD_SIZE" not in os.environ:  # one process: an in-memory store, no port to collide on
+        os.environ.setdefault("LOCAL_RANK", "0")  # DeepSpeed asks for it
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)
+        return
     if backend == "nccl":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, init_method="env://", timeout=TIMEOUT)

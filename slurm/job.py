@@ -110,27 +110,33 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
     distributed.join()
     # the ranks of one node share its scratch (each rank's optimizer shard is committed from there)
     scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{current_job_id()}"
+    cancellations = len(store.cancellations(request.run_id))
+    preempted = None
     try:
-        if distributed.any_rank(rank == 0 and store.committed(request.run_id, request.update, request.stage)):
-            return COMMITTED
-        cancellations = len(store.cancellations(request.run_id))
-        scratch.mkdir(parents=True, exist_ok=True)
-        ctx = request.context(store, scratch, distributed.agreed(flag))
-        try:
+        if not distributed.any_rank(
+            rank == 0 and store.committed(request.run_id, request.update, request.stage)
+        ):
+            scratch.mkdir(parents=True, exist_ok=True)
+            ctx = request.context(store, scratch, distributed.agreed(flag))
             if rank == 0:
                 execute_stage(ctx, request.stage)  # records a lost race as such
             else:
                 STAGES[request.stage](ctx)
-        except AlreadyCommitted:
-            return COMMITTED
-        except Preempted as exc:
-            return _preempted(store, request, cancellations, exc) if rank == 0 else PREEMPTED
-        return COMMITTED
-    finally:
-        distributed.barrier()
+    except AlreadyCommitted:
+        pass  # every rank raises it at the same commit
+    except Preempted as exc:  # every rank stops at the same safe point
+        preempted = exc
+    except BaseException:
         if rank == 0:
             shutil.rmtree(scratch, ignore_errors=True)
-        distributed.leave()
+        raise  # no barrier: the other ranks fail at their next collective
+    distributed.barrier()
+    if rank == 0:
+        shutil.rmtree(scratch, ignore_errors=True)
+    distributed.leave()
+    if preempted is None:
+        return COMMITTED
+    return _preempted(store, request, cancellations, preempted) if rank == 0 else PREEMPTED
 
 
 def run_driver_job(request: StageRequest) -> str:
