@@ -95,19 +95,20 @@ def broadcast_json(message: Any = None) -> Any:
 
 def sum_over_ranks(tensor: Tensor) -> Tensor:
     """The element-wise sum of `tensor` over ranks (a copy; the tensor itself on one rank)."""
-    if world_size() == 1:
-        return tensor
-    total = tensor.detach().to(_device()).clone()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total.to(tensor.device)
+    return _reduced(tensor, dist.ReduceOp.SUM)
 
 
 def max_over_ranks(tensor: Tensor) -> Tensor:
+    """The element-wise maximum of `tensor` over ranks (a copy; the tensor itself on one rank)."""
+    return _reduced(tensor, dist.ReduceOp.MAX)
+
+
+def _reduced(tensor: Tensor, op: dist.ReduceOp) -> Tensor:
     if world_size() == 1:
         return tensor
-    top = tensor.detach().to(_device()).clone()
-    dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    return top.to(tensor.device)
+    result = tensor.detach().to(_device()).clone()
+    dist.all_reduce(result, op=op)
+    return result.to(tensor.device)
 
 
 def _device() -> torch.device:

@@ -144,3 +144,18 @@ def replay_optimize_on_ranks(
     steps = json.loads((committed / "trainer.json").read_text())["optimizer_steps"]
     distributed.leave()
     return same and steps > 0 and "replay_diverged" not in ctx.attempt_notes
+
+
+def replay_on_two_local_ranks(
+    store_url: str, run_id: str, config_json: str, folder: Path, update: int
+) -> list:
+    """`replay_optimize_on_ranks` in a local job of two tasks (job files and scratch under `folder`); each
+    rank's answer."""
+    import submitit
+
+    executor = submitit.LocalExecutor(folder=folder / "replay-jobs")
+    executor.update_parameters(tasks_per_node=2, timeout_min=10)
+    job = executor.submit(
+        replay_optimize_on_ranks, store_url, run_id, config_json, str(folder / "replay"), update
+    )
+    return job.results()

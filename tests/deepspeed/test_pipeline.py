@@ -26,7 +26,7 @@ from probepo.faults import CRASH_ENV
 from probepo.stages.context import StageContext
 from probepo.store import open_store
 from slurm.runner import make_runner
-from tests.deepspeed.ranks_job import replay_optimize_on_ranks
+from tests.deepspeed.ranks_job import replay_on_two_local_ranks
 from tests.hf.tiny_qwen import qwen_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -37,8 +37,6 @@ PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_the_bits_of_a_replay(
     tiny_qwen, tmp_path, monkeypatch
 ):
-    import submitit
-
     store = open_store(tmp_path / "store")
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "trainer": "deepspeed", "zero_stage": 3}
     config = qwen_config(tiny_qwen.folder, num_updates=1, model=model, eval={"problems": 2, "every": 1})
@@ -65,12 +63,10 @@ def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_th
     assert "model.safetensors" in files and "optimizer.safetensors" not in files
 
     monkeypatch.delenv(CRASH_ENV)
-    executor = submitit.LocalExecutor(folder=tmp_path / "replay-jobs")
-    executor.update_parameters(tasks_per_node=2, timeout_min=10)
-    job = executor.submit(
-        replay_optimize_on_ranks, store.url, "zero3", config.model_dump_json(), str(tmp_path / "replay"), 0
-    )
-    assert job.results() == [True, True]
+    assert replay_on_two_local_ranks(store.url, "zero3", config.model_dump_json(), tmp_path, 0) == [
+        True,
+        True,
+    ]
 
     for path in Path(store.url).rglob("*"):
         if path.is_file():

@@ -14,7 +14,7 @@ from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
 from probepo.store import open_store
 from slurm.runner import make_runner
-from tests.deepspeed.ranks_job import replay_optimize_on_ranks
+from tests.deepspeed.ranks_job import replay_on_two_local_ranks
 from tests.hf.tiny_qwen import qwen_config
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
@@ -23,8 +23,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 def test_a_two_rank_driver_job_killed_between_checkpoints_replays_on_both_ranks(
     tiny_qwen, slurm_cluster, tmp_path, monkeypatch
 ):
-    import submitit
-
     store = open_store(tmp_path / "store")
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "trainer": "deepspeed", "zero_stage": 2}
     config = qwen_config(tiny_qwen.folder, model=model, checkpoint_every=2, eval={"problems": 2, "every": 2})
@@ -47,9 +45,7 @@ def test_a_two_rank_driver_job_killed_between_checkpoints_replays_on_both_ranks(
     assert {f"optimizer-rank-0000{r}-of-00002.safetensors" for r in (0, 1)} <= set(files)
 
     monkeypatch.delenv(CRASH_ENV)
-    executor = submitit.LocalExecutor(folder=tmp_path / "replay-jobs")
-    executor.update_parameters(tasks_per_node=2, timeout_min=10)
-    job = executor.submit(
-        replay_optimize_on_ranks, store.url, "lockstep", config.model_dump_json(), str(tmp_path / "replay"), 1
-    )
-    assert job.results() == [True, True]
+    assert replay_on_two_local_ranks(store.url, "lockstep", config.model_dump_json(), tmp_path, 1) == [
+        True,
+        True,
+    ]
