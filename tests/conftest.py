@@ -4,8 +4,10 @@ stores holding the tiny recipe's warm-up, made once per session, and the tiny Qw
 Face, vLLM and DeepSpeed tests (built and trained once per session, ~20 s)."""
 
 import os
+import shutil
+import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import boto3
@@ -25,6 +27,32 @@ from tests.hf.tiny_qwen import TinyQwen, build_tiny_qwen
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
 
 torch.set_num_threads(1)
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARED_SERVICES = (
+    "tests/slurm/",
+    "tests/flows/",
+    "tests/deepspeed/test_engine.py",
+    "tests/deepspeed/test_resident.py",
+)
+"""The tests that drive the one SLURM cluster and Prefect server: some take the node down, stop jobs or
+preempt, so they run in one worker, one after another."""
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Work units of `pytest -n N` (scripts/test): SHARED_SERVICES as one, and every other module as one (so
+    that its module-scoped fixtures are made once). A scheduler of its own because xdist's `loadgroup`
+    marks do not take under pytest 9.2 (xdist 3.8 renames node ids in a way pytest 9.2 ignores)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class SharedServicesInOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "shared services" if path.startswith(SHARED_SERVICES) else path
+
+    return SharedServicesInOneWorker(config, log)
+
 
 # The suite is deterministic: property tests draw the same examples every run. HYPOTHESIS_PROFILE=explore
 # draws fresh random examples each run, to hunt for new counterexamples locally.
@@ -101,3 +129,15 @@ def tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen:
 
     logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained
     return build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"))
+
+
+@pytest.fixture
+def scratch_of_killed_runs() -> Iterator[Callable[[str], None]]:
+    """`forget(run_id)`: after the test, remove the run's scratch folders (`probepo-<run_id>-*` in the temp
+    dir). A process the test SIGKILLs leaves its scratch behind, and a real model's holds ~100 MB
+    checkpoints; other runs' folders, maybe in use by another test worker, are left alone."""
+    runs: list[str] = []
+    yield runs.append
+    for run_id in runs:
+        for folder in Path(tempfile.gettempdir()).glob(f"probepo-{run_id}-*"):
+            shutil.rmtree(folder, ignore_errors=True)

@@ -211,7 +211,12 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         directory.mkdir(parents=True, exist_ok=True)
         state = self.state()
         if distributed.rank() == 0:
-            weights = {k[len("model.") :]: v for k, v in state.tensors.items() if k.startswith("model.")}
+            tied = _tied_duplicates(self.model)  # gathered copies no longer share storage: drop them by name
+            weights = {
+                k[len("model.") :]: v
+                for k, v in state.tensors.items()
+                if k.startswith("model.") and k[len("model.") :] not in tied
+            }
             self.model.save_pretrained(directory, state_dict=weights)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(directory)
@@ -235,6 +240,13 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
             raise FileNotFoundError(f"checkpoint {directory} has no optimizer shard {stem}.safetensors")
         meta["layout"] = json.loads((directory / f"{stem}.json").read_text())
         self.load_state(TrainerState(load_file(directory / f"{stem}.safetensors"), meta))
+
+
+def _tied_duplicates(model: torch.nn.Module) -> set[str]:
+    """Names under which a parameter appears a second time (tied weights, e.g. `lm_head.weight` tied to the
+    input embedding): a checkpoint holds each parameter once, as `save_pretrained` writes it."""
+    every = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return every - {name for name, _ in model.named_parameters()}
 
 
 def _metrics_over_ranks(

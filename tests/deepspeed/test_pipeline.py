@@ -35,8 +35,9 @@ PICKLE_HEADS = (b"\x80\x02", b"\x80\x03", b"\x80\x04", b"\x80\x05")
 
 
 def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_the_bits_of_a_replay(
-    tiny_qwen, tmp_path, monkeypatch
+    tiny_qwen, tmp_path, monkeypatch, scratch_of_killed_runs
 ):
+    scratch_of_killed_runs("zero3")
     store = open_store(tmp_path / "store")
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "trainer": "deepspeed", "zero_stage": 3}
     config = qwen_config(tiny_qwen.folder, num_updates=1, model=model, eval={"problems": 2, "every": 1})

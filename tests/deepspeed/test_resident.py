@@ -21,8 +21,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 
 def test_a_two_rank_driver_job_killed_between_checkpoints_replays_on_both_ranks(
-    tiny_qwen, slurm_cluster, tmp_path, monkeypatch
+    tiny_qwen, slurm_cluster, tmp_path, monkeypatch, scratch_of_killed_runs
 ):
+    scratch_of_killed_runs("lockstep")
     store = open_store(tmp_path / "store")
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "trainer": "deepspeed", "zero_stage": 2}
     config = qwen_config(tiny_qwen.folder, model=model, checkpoint_every=2, eval={"problems": 2, "every": 2})

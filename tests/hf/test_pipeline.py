@@ -6,6 +6,7 @@ same bits; benchmark evaluation with Mean@k."""
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,10 +31,12 @@ FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
 
 @pytest.fixture(scope="module")
 def finished(tiny_qwen, tmp_path_factory):
-    store = open_store(tmp_path_factory.mktemp("qwen-store"))
+    folder = tmp_path_factory.mktemp("qwen-store")
+    store = open_store(folder)
     config = qwen_config(tiny_qwen.folder)
     train(config, "qwen", store=store)
-    return store, config
+    yield store, config
+    shutil.rmtree(folder)  # Hugging Face checkpoints: ~135 MB each with the full Qwen vocabulary
 
 
 def test_every_stage_runs_the_real_model(finished, tiny_qwen):
@@ -82,7 +85,10 @@ def test_checkpoints_are_hugging_face_folders_and_nothing_is_pickled(finished, t
             )
 
 
-def test_a_run_killed_inside_the_optimizer_resumes_to_the_same_bits(finished, tiny_qwen, tmp_path):
+def test_a_run_killed_inside_the_optimizer_resumes_to_the_same_bits(
+    finished, tiny_qwen, tmp_path, scratch_of_killed_runs
+):
+    scratch_of_killed_runs("qwen-killed")
     store, config = finished
     preset = tmp_path / "qwen.yaml"
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
@@ -115,11 +121,14 @@ def test_benchmark_evaluation_reports_mean_at_k_per_benchmark(tiny_qwen, tmp_pat
     assert "evaluate/amc23/mean" in metrics[0]
 
 
-def test_a_run_checkpointed_every_other_update_replays_the_real_model_after_a_kill(finished, tmp_path):
+def test_a_run_checkpointed_every_other_update_replays_the_real_model_after_a_kill(
+    finished, tmp_path, scratch_of_killed_runs
+):
     """checkpoint_every 2: policy 1 is never committed in full; killed after update 1's sample, the resumed
     run replays optimize 0 from checkpoint 0 (the generator gets policy 1's weights from the replayed
     trainer) and ends with the bits of the run that checkpointed every update."""
     store, config = finished
+    scratch_of_killed_runs("qwen-every-2")
     preset = tmp_path / "qwen-every-2.yaml"
     preset.write_text(yaml.safe_dump({**config.model_dump(mode="json"), "checkpoint_every": 2}))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-every-2"]
