@@ -135,7 +135,7 @@ class _Progress:
 
 
 AlgoOption = Annotated[
-    str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo.")
+    str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo|spo_tree|treepo.")
 ]
 UpdatesOption = Annotated[int | None, typer.Option("--updates", help="Override num_updates.")]
 SetsOption = Annotated[

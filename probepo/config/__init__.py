@@ -6,6 +6,7 @@ parameters (each field's docstring becomes the help text of the UI form). Invali
 with a message that names the field; `probepo.presets` loads presets and words the errors for users.
 """
 
+from probepo.config.algo import TREE_ALGORITHMS
 from probepo.config.execution import ExecutionProfile, StageResources
 from probepo.config.run import (
     NOT_RECIPE,
@@ -21,6 +22,7 @@ from probepo.config.run import (
 
 __all__ = [
     "NOT_RECIPE",
+    "TREE_ALGORITHMS",
     "AlgoConfig",
     "EvalConfig",
     "ExecutionProfile",

@@ -56,12 +56,14 @@ class Completion:
 @dataclass(frozen=True)
 class TrainBatch:
     """One update's training data: N responses with their prompts, the old log-probs from `score`, and
-    token advantages; old_logp and advantages are [N, T] with T ≥ the longest response."""
+    token advantages; old_logp and advantages are [N, T] with T ≥ the longest response. loss_mask [N, T]
+    bool, where given, marks the response tokens that enter the loss (and its token counts); None: all."""
 
     prompts: list[list[int]]
     responses: list[list[int]]
     old_logp: Tensor
     advantages: Tensor
+    loss_mask: Tensor | None = None
 
 
 @dataclass(frozen=True)

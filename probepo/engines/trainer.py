@@ -148,7 +148,10 @@ class TorchTrainerEngine:
     def _loss_totals(self, batch: TrainBatch, rows: list[int]) -> dict[str, float]:
         """The divisors of the mini-batch `rows`' loss (its tokens, its non-empty sequences, Dr.GRPO's
         constant), the same for each of its micro-batches."""
-        lengths = [len(batch.responses[i]) for i in rows]
+        if batch.loss_mask is None:
+            lengths = [len(batch.responses[i]) for i in rows]
+        else:
+            lengths = batch.loss_mask[rows].sum(dim=1).tolist()
         return {
             "global_tokens": float(max(sum(lengths), 1)),
             "global_seqs": float(max(sum(x > 0 for x in lengths), 1)),
@@ -165,6 +168,8 @@ class TorchTrainerEngine:
         )
         T = mask.shape[1]
         device = logp.device
+        if batch.loss_mask is not None:
+            mask = mask & batch.loss_mask[micro, :T].to(device)
         loss, metrics = ppo_clip_loss(
             logp,
             batch.old_logp[micro, :T].to(device, logp.dtype),

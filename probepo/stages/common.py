@@ -18,8 +18,13 @@ from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 
 ROLLOUTS = "rollouts.parquet"
+TREE = "tree.parquet"
+"""The tree baselines' trees, one row per node (trees.py), committed by sample beside the rollouts."""
 SCORES = "scores.safetensors"
 ADVANTAGES = "advantages.safetensors"
+LOSS_MASK = "loss_mask"
+"""The tensor of ADVANTAGES that, where present, marks the tokens in the loss (spo_tree's probability
+mask)."""
 CHECKPOINT = "checkpoint"
 """The stage that holds policy k in full at update k (the store lays it out under checkpoints/<k>/)."""
 OPTIMIZE = "optimize"
@@ -118,12 +123,54 @@ def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
     return tensors_from_bytes(ctx.read(stage)[name])
 
 
+def read_tree(ctx: StageContext) -> dict[str, Tensor]:
+    """The update's trees (tree baselines) as [Nn] long node arrays: group, parent, depth, row (the leaf's
+    rollout row, -1 elsewhere) and the node's segment as span [start, end) of rollout row span_row."""
+    table = table_from_parquet(ctx.read("sample")[TREE])
+    return {
+        name: torch.tensor(np.asarray(table[name], dtype=np.int64))
+        for name in ("group", "parent", "depth", "row", "span_row", "start", "end")
+    }
+
+
+@dataclass(frozen=True)
+class TrainingRows:
+    """The rows an update trains on: score, advantage and optimize all work on these. One per response for
+    grpo, probepo and vineppo (a tree's leaf path for treepo); one per tree edge for spo_tree, its prompt the
+    prefix above the node (prompt and the segments before it), its response the node's segment, in ascending
+    node order."""
+
+    prompts: list[list[int]]
+    responses: list[list[int]]
+
+
+def training_rows(ctx: StageContext, rollouts: Rollouts) -> TrainingRows:
+    """The training rows of update k under the run's algorithm (see TrainingRows)."""
+    if ctx.config.algo.algorithm != "spo_tree":
+        return TrainingRows(rollouts.prompts, rollouts.responses)
+    tree = read_tree(ctx)
+    prompts, responses = [], []
+    for node in (tree["parent"] >= 0).nonzero().squeeze(1).tolist():
+        row, start, end = (int(tree[name][node]) for name in ("span_row", "start", "end"))
+        prompts.append(rollouts.prompts[row] + rollouts.responses[row][:start])
+        responses.append(rollouts.responses[row][start:end])
+    return TrainingRows(prompts, responses)
+
+
 def training_batch(ctx: StageContext) -> TrainBatch:
-    """Update k's training data as committed: backbone responses, old log-probs, token advantages."""
-    rollouts = Rollouts.read(ctx)
+    """Update k's training data as committed: the training rows, their old log-probs and token advantages.
+    Where the advantage stage committed a loss mask (spo_tree), the rows it leaves empty are dropped."""
+    rows = training_rows(ctx, Rollouts.read(ctx))
+    old_logp = read_tensors(ctx, "score", SCORES)["logp"]
+    advantages = read_tensors(ctx, "advantage", ADVANTAGES)
+    loss_mask = advantages.get(LOSS_MASK)
+    if loss_mask is None:
+        return TrainBatch(rows.prompts, rows.responses, old_logp, advantages["advantages"])
+    keep = loss_mask.any(dim=1).nonzero().squeeze(1)
     return TrainBatch(
-        prompts=rollouts.prompts,
-        responses=rollouts.responses,
-        old_logp=read_tensors(ctx, "score", SCORES)["logp"],
-        advantages=read_tensors(ctx, "advantage", ADVANTAGES)["advantages"],
+        prompts=[rows.prompts[i] for i in keep.tolist()],
+        responses=[rows.responses[i] for i in keep.tolist()],
+        old_logp=old_logp[keep],
+        advantages=advantages["advantages"][keep],
+        loss_mask=loss_mask[keep],
     )

@@ -15,7 +15,7 @@ from probepo.stages.common import Rollouts, read_tensors, response_budget, sampl
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stages.select import PIVOTS
-from probepo.stages.shards import generate_in_shards
+from probepo.stages.shards import continue_in_shards
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "probe"
@@ -46,21 +46,17 @@ def run(ctx: StageContext) -> None:
             for r, t in zip(rows.tolist(), cuts, strict=True)
         ]
         engine = generation_engine(ctx)
-        continuations = generate_in_shards(
+        continuations = continue_in_shards(
             ctx,
             STAGE,
-            lambda done, state, on_chunk: engine.continue_from(
-                prefixes,
-                algo.continuations_per_pivot,
-                params,
-                ctx.seed(STAGE),
-                budgets,
-                rescue_ids=rescue_ids,
-                rescue_tokens=algo.rescue_tokens,
-                done=done,
-                state=state,
-                on_chunk=on_chunk,
-            ),
+            engine,
+            prefixes,
+            algo.continuations_per_pivot,
+            params,
+            ctx.seed(STAGE),
+            budgets,
+            rescue_ids=rescue_ids,
+            rescue_tokens=algo.rescue_tokens,
         )
         texts, owners = [], []
         for row, slot, t, samples in zip(rows.tolist(), slots.tolist(), cuts, continuations, strict=True):

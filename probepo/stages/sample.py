@@ -1,4 +1,5 @@
-"""Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier.
+"""Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier;
+for the tree baselines a tree per prompt instead (trees.py), its leaves the responses.
 
 Each chunk of prompts the engine decodes is committed as a shard (a safe point for preemption)."""
 
@@ -7,14 +8,38 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats
+from probepo.config import TREE_ALGORITHMS
 from probepo.data.task import RL_STREAM, golds_of
-from probepo.stages.common import ROLLOUTS, response_budget, sampling_params, task_of
+from probepo.engines.base import Completion, GenerationEngine, SamplingParams
+from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import generate_in_shards
+from probepo.stages.shards import continue_in_shards
+from probepo.stages.trees import Forest, spo_tree, treepo
 from probepo.store.formats import table_to_parquet
 
 STAGE = "sample"
+
+
+def _sample_trees(
+    ctx: StageContext, engine: GenerationEngine, params: SamplingParams, forest: Forest
+) -> list[list[Completion]]:
+    """Grow the run's trees; returns each prompt's leaves as completions (the whole path each)."""
+    algo = ctx.config.algo
+
+    def sample(name: str, prefixes: list[list[int]], n: int, limits: list[int]) -> list[list[Completion]]:
+        return continue_in_shards(
+            ctx, f"{STAGE}.{name}", engine, prefixes, n, params, ctx.seed(STAGE, name), limits
+        )
+
+    if algo.algorithm == "spo_tree":
+        spo_tree(forest, sample, algo)
+    else:
+        treepo(forest, sample, algo, torch.Generator().manual_seed(ctx.seed(STAGE, "restarts")))
+    groups: list[list[Completion]] = [[] for _ in forest.prompts]
+    for leaf in forest.leaves():
+        groups[forest.group[leaf]].append(Completion(forest.path(leaf), forest.finish[leaf]))
+    return groups
 
 
 def run(ctx: StageContext) -> None:
@@ -24,20 +49,18 @@ def run(ctx: StageContext) -> None:
     prompts = [task.prompt_ids(p) for p in problems]
     engine, params = generation_engine(ctx), sampling_params(ctx, task)
     limits = [response_budget(cfg.sampling, len(prompt)) for prompt in prompts]
-    groups = generate_in_shards(
-        ctx,
-        STAGE,
-        lambda done, state, on_chunk: engine.continue_from(
-            prompts,
-            cfg.group_size,
-            params,
-            ctx.seed(STAGE),
-            limits,
-            done=done,
-            state=state,
-            on_chunk=on_chunk,
-        ),
-    )
+    files: dict[str, bytes] = {}
+    if cfg.algo.algorithm in TREE_ALGORITHMS:
+        forest = Forest(prompts, limits)
+        groups = _sample_trees(ctx, engine, params, forest)
+        files[TREE] = table_to_parquet(forest.table())
+        # a shared prefix is sampled once: the tokens sampled are the segments', not the leaves' paths
+        tree_summary = {"tree_nodes": len(forest.parent), "tokens": sum(map(len, forest.segment))}
+    else:
+        groups = continue_in_shards(
+            ctx, STAGE, engine, prompts, cfg.group_size, params, ctx.seed(STAGE), limits
+        )
+        tree_summary = {}
     flat = [
         (index, problem, prompt, c)
         for index, (problem, prompt, samples) in enumerate(zip(problems, prompts, groups, strict=True))
@@ -65,10 +88,10 @@ def run(ctx: StageContext) -> None:
         "finished_fraction": rows["finish_reason"].count("stop") / len(rewards),
         "response_len_mean": sum(lengths) / len(lengths),
         "tokens": sum(lengths),
-        # All-equal rewards: no GRPO signal. Counted per response; groups are of equal size, so this is
-        # also the fraction of groups.
+        # All-equal rewards: no GRPO signal. Counted per response (a tree's leaves count as its group).
         "uniform_group_fraction": float((group_std == 0).double().mean()),
+        **tree_summary,
         # Why the zeros are zeros (a maths task: no_answer, unparsable, wrong, timeout).
         **{f"{o}_fraction": outcomes.count(o) / len(outcomes) for o in sorted(set(outcomes) - {"correct"})},
     }
-    ctx.commit(STAGE, {ROLLOUTS: table_to_parquet(rows)}, summary)
+    ctx.commit(STAGE, {ROLLOUTS: table_to_parquet(rows), **files}, summary)

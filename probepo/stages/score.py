@@ -1,9 +1,10 @@
-"""Score: one forward pass of policy k over the rollouts: old log-probs (PPO ratio) and full-vocabulary
-entropies (the pivot selector), logits divided by the sampling temperature."""
+"""Score: one forward pass of policy k over the update's training rows (the rollouts, or spo_tree's edges):
+old log-probs (PPO ratio, SPO-tree's probability mask) and full-vocabulary entropies (the pivot selector),
+logits divided by the sampling temperature."""
 
 from __future__ import annotations
 
-from probepo.stages.common import SCORES, Rollouts
+from probepo.stages.common import SCORES, Rollouts, training_rows
 from probepo.stages.context import StageContext
 from probepo.stages.policy import trainer_engine
 from probepo.store.formats import tensors_to_bytes
@@ -12,8 +13,8 @@ STAGE = "score"
 
 
 def run(ctx: StageContext) -> None:
-    rollouts = Rollouts.read(ctx)
-    logp, entropy, mask = trainer_engine(ctx).score(rollouts.prompts, rollouts.responses)
+    rows = training_rows(ctx, Rollouts.read(ctx))
+    logp, entropy, mask = trainer_engine(ctx).score(rows.prompts, rows.responses)
     summary = {
         "entropy_mean": float(entropy[mask].mean()) if mask.any() else 0.0,
         "logp_mean": float(logp[mask].mean()) if mask.any() else 0.0,

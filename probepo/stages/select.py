@@ -1,7 +1,8 @@
 """Select: where to probe (ALGORITHM.md §2), reward-free, under the per-group budget.
 
-grpo: nowhere. probepo: step boundaries ranked by windowed entropy (or the random-placement ablation), in
-groups with at least one finished response. vineppo: every step boundary of every response.
+grpo and the tree baselines: nowhere. probepo: step boundaries ranked by windowed entropy (or the
+random-placement ablation), in groups with at least one finished response. vineppo: every step boundary of
+every response.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from torch import Tensor
 
 from probepo.algo.advantage import group_stats
 from probepo.algo.pivots import random_pivots, select_pivots, step_candidates, window_max
+from probepo.config import TREE_ALGORITHMS
 from probepo.stages.common import SCORES, Rollouts, read_tensors, task_of
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
@@ -44,7 +46,7 @@ def choose_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
     """[N, M] long pivot positions (-1 = none) of the update's responses under the run's algorithm."""
     algo = ctx.config.algo
     mask = rollouts.mask
-    if algo.algorithm == "grpo" or (algo.algorithm == "probepo" and algo.max_pivots == 0):
+    if algo.algorithm in ("grpo", *TREE_ALGORITHMS) or (algo.algorithm == "probepo" and algo.max_pivots == 0):
         return torch.full((len(rollouts.responses), 0), -1, dtype=torch.long)
     task = task_of(ctx)
     step_end = torch.zeros_like(mask)

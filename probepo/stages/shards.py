@@ -6,21 +6,18 @@ shards back to the engine, which continues after them bitwise as if it had never
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
-from probepo.engines.base import ChunkCallback, Completion
+from probepo.engines.base import Completion, GenerationEngine, SamplingParams
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, table_to_parquet, tensors_from_bytes, tensors_to_bytes
 
 SHARD_TABLE = "shard.parquet"
 SHARD_STATE = "state.safetensors"
-
-Generate = Callable[[Mapping[int, list[Completion]], bytes | None, ChunkCallback], list[list[Completion]]]
-"""An engine call taking (done, state, on_chunk), as GenerationEngine.generate and continue_from do."""
 
 
 def shard_name(stage: str, index: int) -> str:
@@ -32,9 +29,22 @@ def _committed_shards(ctx: StageContext, stage: str) -> list[str]:
     return sorted(s for s in ctx.store.committed_stages(ctx.run_id, ctx.update) if s.startswith(prefix))
 
 
-def generate_in_shards(ctx: StageContext, stage: str, generate: Generate) -> list[list[Completion]]:
-    """Run `generate`, committing every decoded chunk as a shard of `stage` and stopping (Preempted) after
-    a shard when the stop flag is up; resumes from the shards committed by earlier attempts."""
+def continue_in_shards(
+    ctx: StageContext,
+    stage: str,
+    engine: GenerationEngine,
+    prefixes: list[list[int]],
+    n: int,
+    params: SamplingParams,
+    seed: int,
+    max_new_tokens: list[int],
+    *,
+    rescue_ids: Sequence[int] = (),
+    rescue_tokens: int = 0,
+) -> list[list[Completion]]:
+    """`engine.continue_from` with these arguments, committing every decoded chunk as a shard of `stage` and
+    stopping (Preempted) after a shard when the stop flag is up; resumes from the shards committed by
+    earlier attempts."""
     done: dict[int, list[Completion]] = {}
     state: bytes | None = None
     names = _committed_shards(ctx, stage)
@@ -48,7 +58,8 @@ def generate_in_shards(ctx: StageContext, stage: str, generate: Generate) -> lis
                 Completion(list(map(int, ids)), str(reason), bool(rescued))
             )
         state = tensors_from_bytes(files[SHARD_STATE])["state"].numpy().tobytes()
-    ctx.attempt_notes["resumed_at_shard"] = len(names)
+    notes = ctx.attempt_notes  # summed over the calls of a stage (a tree grows by several)
+    notes["resumed_at_shard"] = notes.get("resumed_at_shard", 0) + len(names)
     written = [len(names)]
 
     def commit(chunk: list[int], completions: list[list[Completion]], after: bytes) -> None:
@@ -67,6 +78,17 @@ def generate_in_shards(ctx: StageContext, stage: str, generate: Generate) -> lis
         if ctx.should_stop():
             raise Preempted(f"preempted after {name} of update {ctx.update}; progress committed")
 
-    results = generate(done, state, commit)
-    ctx.attempt_notes["shards_run"] = written[0] - len(names)
+    results = engine.continue_from(
+        prefixes,
+        n,
+        params,
+        seed,
+        max_new_tokens,
+        rescue_ids=rescue_ids,
+        rescue_tokens=rescue_tokens,
+        done=done,
+        state=state,
+        on_chunk=commit,
+    )
+    notes["shards_run"] = notes.get("shards_run", 0) + written[0] - len(names)
     return results

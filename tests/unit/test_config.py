@@ -34,6 +34,17 @@ def test_defaults_are_the_study_recipe():
         "logratio_clamp": 20.0,
         "loss_agg": "token-mean",
         "kl_coef": 0.0,
+        # the tree baselines at the study's settings (BASELINES.md)
+        "spo_branching": (6, 6, 6),
+        "spo_segment_tokens": 600,
+        "spo_adv": "diff",
+        "spo_prob_mask": 0.9,
+        "treepo_segment_tokens": 512,
+        "treepo_depth": 14,
+        "treepo_width": 16,
+        "treepo_first_fork": 2,
+        "treepo_agg": "mean",
+        "treepo_center": True,
     }
     assert config.model_dump() == recipe
 
@@ -51,6 +62,13 @@ def test_defaults_are_the_study_recipe():
         ({"kapa": 4.0}, "kapa"),  # a typo is an error, not a silently ignored field
         ({"max_pivots": 6}, "max_pivots"),  # 6 × 8 = 48 > 40
         ({"continuations_per_pivot": 16, "probe_budget": 64}, "probe_budget"),  # 5 × 16 = 80 > 64
+        ({"algorithm": "spo"}, "algorithm"),
+        ({"spo_branching": ()}, "spo_branching"),
+        ({"spo_branching": (2, 0)}, "spo_branching"),
+        ({"spo_prob_mask": 0.0}, "spo_prob_mask"),
+        ({"spo_adv": "std"}, "spo_adv"),
+        ({"treepo_width": 1}, "treepo_width"),
+        ({"algorithm": "treepo", "treepo_first_fork": 4, "treepo_width": 3}, "treepo_first_fork"),
     ],
 )
 def test_invalid_values_name_the_field(values, field):
