@@ -5,6 +5,7 @@ evaluation done once as job array tasks (split to MaxArraySize), a second night 
 from __future__ import annotations
 
 import subprocess
+import time
 
 import pytest
 
@@ -37,10 +38,7 @@ def test_two_nightly_runs_evaluate_each_checkpoint_exactly_once(tmp_path, profil
     names = _task_run_names(first.state_details.flow_run_id, 2)  # "evaluate · array <id> · <n> tasks"
     assert sorted(name.rsplit(" · ", 1)[1] for name in names) == ["1 task", "3 tasks"], names
     array_ids = [name.split(" · ")[1].removeprefix("array ") for name in names]
-    tasks = subprocess.run(
-        ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(array_ids)],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+    tasks = _array_task_states(array_ids)
     assert len(tasks) == 4 and all(line.endswith("|COMPLETED") for line in tasks), tasks
 
     stamps = {}
@@ -58,6 +56,22 @@ def test_two_nightly_runs_evaluate_each_checkpoint_exactly_once(tmp_path, profil
     assert _task_run_names(second.state_details.flow_run_id, 0) == set()  # no job submitted
     for run_id in ("night-a", "night-b"):
         assert {key: record["at"] for key, record in store.evaluations(run_id).items()} == stamps[run_id]
+
+
+def _array_task_states(array_ids: list[str], timeout_s: float = 60.0) -> list[str]:
+    """`JobID|State` of every task of the arrays, once none is pending or running: the flow ends when the
+    store holds every evaluation, and a task may still be exiting then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        tasks = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(array_ids)],
+            capture_output=True, text=True, check=True,
+        ).stdout.split()  # fmt: skip
+        if not any(line.endswith(("|PENDING", "|RUNNING", "|COMPLETING")) for line in tasks):
+            return tasks
+        if time.monotonic() > deadline:
+            return tasks
+        time.sleep(0.5)
 
 
 def test_the_evaluate_flow_refuses_bad_input_before_submitting(warm_store):
