@@ -36,9 +36,14 @@ def tree_leaves(parent: Tensor) -> Tensor:
     Returns:
         [Nn] bool.
     """
+    return (parent >= 0) & ~_has_child(parent)
+
+
+def _has_child(parent: Tensor) -> Tensor:
+    """[Nn] bool: the nodes some node names as its parent."""
     has_child = torch.zeros(parent.shape, dtype=torch.bool, device=parent.device)
     has_child[parent[parent >= 0]] = True
-    return (parent >= 0) & ~has_child
+    return has_child
 
 
 def leaf_ancestors(parent: Tensor, depth: Tensor) -> tuple[Tensor, Tensor]:
@@ -95,9 +100,7 @@ def check_tree(parent: Tensor, depth: Tensor) -> None:
             f"depth[{node}] = {int(depth[node])}, expected {int(expected[node])} (roots have depth 0, every"
             " other node one more than its parent)"
         )
-    has_child = torch.zeros(n_nodes, dtype=torch.bool, device=parent.device)
-    has_child[parent[parent >= 0]] = True
-    bad = (parent < 0) & ~has_child
+    bad = (parent < 0) & ~_has_child(parent)
     if bad.any():
         raise ValueError(f"parent: root {int(bad.nonzero()[0])} has no children (a tree needs a response)")
 

@@ -104,7 +104,9 @@ class Forest:
             while node >= 0 and span_row[node] < 0:
                 span_row[node] = index
                 node = self.parent[node]
-        ends = [len(self.path(node)) for node in range(len(self.parent))]
+        ends: list[int] = []  # a parent precedes its children: its end is known first
+        for parent, segment in zip(self.parent, self.segment, strict=True):
+            ends.append((ends[parent] if parent >= 0 else 0) + len(segment))
         return {
             "group": self.group,
             "parent": self.parent,
