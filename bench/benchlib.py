@@ -8,7 +8,8 @@ from pathlib import Path
 
 
 def machine() -> str:
-    """CPU model, core count, OS, Python and torch versions (torch only if it is installed)."""
+    """CPU model, core count, OS, Python and torch versions (torch only if it is installed) with the
+    vector instructions torch's CPU kernels use: results are bitwise only between machines that agree."""
     names = [
         line.split(":", 1)[1].strip()
         for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -20,4 +21,4 @@ def machine() -> str:
         import torch
     except ImportError:
         return described
-    return f"{described}, torch {torch.__version__}"
+    return f"{described}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels)"
