@@ -1,39 +1,49 @@
 """Golden bits: the tiny recipe's final policy under GRPO, ProbePO and VinePPO, as sha256 of its weights and
-optimizer state, recorded before the training-rows refactor (issue 16) moved them onto the path the tree
-baselines share. A change of these bits is a change of the maths or of its order of operations: when one is
-meant, record the new digests here and say why in the commit. One torch thread, CPU, torch 2.13.0."""
+optimizer state. A change of these bits is a change of the maths or of its order of operations: when one is
+meant, record the new digests here and say why in the commit.
+
+The run happens in a process of its own under PORTABLE_NUMERICS (AVX2 kernels, MKL's reproducible mode, one
+thread), because the default kernels round differently across CPUs: digests recorded on one machine failed
+on an AVX-512 one with the same code and wheel. torch 2.13.0+cpu."""
 
 from __future__ import annotations
 
-import hashlib
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from probepo.pipeline import train
-from tests.pipeline.conftest import tiny_config
+from tests.pipeline.golden_run import PORTABLE_NUMERICS
 
 pytestmark = pytest.mark.integration
 
-GOLDEN = {  # (model.safetensors, optimizer.safetensors) of the checkpoint of update 2, recorded at 08dd9ad
+ROOT = Path(__file__).resolve().parents[2]
+
+GOLDEN = {  # (model.safetensors, optimizer.safetensors) of the checkpoint of update 2
+    # Recorded at 08dd9ad, before the training-rows refactor (issue 16), and unchanged after it.
     "grpo": (
-        "04ee5daaa26b2f63958ab8fc02d30c0f3af029dc41c51459df9c38dd1dacbcee",
-        "d98eaae22ad6017b5b2b6325ff1418a7d43a829f8fb84cb6b281eaa08fbd9e3b",
+        "9c63501737b7a301bd1f49ca7c30cb7bba07873074d92d77408a9c4fb643f492",
+        "2b08efe3acde7cdb17d27e86a7f7cfb39fe4243544720906eaa5ec9eace1cd0a",
     ),
     "probepo": (
-        "2563244527d300a0090f7c6e260d853f140fcd847bd4b4f305687cd4432909fb",
-        "fe57535b37c8618b52835f29a92bc6608a9f76dbdd94fe06b9ff83074a4b8315",
+        "45a01db0d02e34742ce45741b8c9d193fcee211de822d815a8f0a941c64f040a",
+        "6e791f9573a687c04b2b3be1ca69cbb006cfd4c683b35485c904a90cf8d5459e",
     ),
     "vineppo": (
-        "a990832f28580a459f28a94e2040fd64e99e994dc505856f3493405ffbf512e0",
-        "8b95ba694355d060aaec0e9cc6af6298076b96ee0527f8e2993ea8708208974d",
+        "2e03eae2013707972a819d4762f57fe772aa192fabad8ebaed47748e9065d5ca",
+        "a09861f1fda72f5680030650d7b8587f470498def4065027ed83574d1842ba81",
     ),
 }
 
 
 @pytest.mark.parametrize("algorithm", sorted(GOLDEN))
-def test_the_final_policy_has_the_recorded_bits(algorithm, warm_store):
-    run_id = f"golden-{algorithm}"
-    train(tiny_config(algorithm), run_id, store=warm_store)
-    final = warm_store.read_stage(run_id, 2, "checkpoint")
-    files = ("model.safetensors", "optimizer.safetensors")
-    assert tuple(hashlib.sha256(final[name]).hexdigest() for name in files) == GOLDEN[algorithm]
+def test_the_final_policy_has_the_recorded_bits(algorithm: str, tmp_path: Path) -> None:
+    env = {**os.environ, **PORTABLE_NUMERICS, "PYTHONPATH": str(ROOT)}
+    command = [sys.executable, "-m", "tests.pipeline.golden_run", algorithm, str(tmp_path / "store")]
+    done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert tuple(done.stdout.split()) == GOLDEN[algorithm], (
+        "the bits changed: if the maths or its order of operations was meant to, record the new digests"
+    )
