@@ -147,8 +147,9 @@ def _notes(entry: dict[str, Any]) -> list[str]:
             f"{name} (measured {arm['measured'][:10]})" for name, arm in entry["withheld"].items()
         )
         lines.append(
-            f"Withheld: {arms}. Their runs (kept in the results file) do not pair with this table's: the"
-            " arms beside them changed on rerun, so these must be rerun before they are compared again."
+            f"Withheld: {arms}. Their runs (kept in the results file) do not pair with this table's: they"
+            " start from another warm-up checkpoint, or the arms beside them changed on rerun, so these"
+            " must be rerun before they are compared again."
         )
     reruns = [_reruns(name, arm["reproduced"]) for name, arm in entry["arms"].items() if arm["reproduced"]]
     if reruns:
@@ -167,20 +168,29 @@ def _notes(entry: dict[str, Any]) -> list[str]:
         )
     reach = entry.get("vineppo_time_to_reach")
     if reach:
-        ratio = reach["ratio_wall"]
         lines.append(
             f"VinePPO-dense ({reach['seeds']} seeds, paired with ProbePO's first {reach['seeds']})"
             f" final accuracy {reach['vineppo_final_accuracy']:.1f} % (start"
-            f" {entry['arms']['vineppo']['start']['mean']:.1f} %) after"
-            f" {reach['vineppo_wall_total']:.0f} s of training wall time;"
-            + (
-                f" ProbePO's mean curve reaches it after {reach['probepo_wall_to_reach']:.0f} s ="
-                f" **{ratio:.2f}×** VinePPO's time ({reach['ratio_tokens']:.2f}× its tokens)."
-                if ratio is not None
-                else " ProbePO's mean curve never reaches it within its updates."
-            )
+            f" {entry['arms']['vineppo']['start']['mean']:.1f} %);"
+            + _reach_text(reach)
         )
     return [part for line in lines for part in ("", line)]
+
+
+def _reach_text(reach: dict[str, Any]) -> str:
+    """ProbePO's time (or, across sessions, tokens only) to reach VinePPO's final accuracy."""
+    if reach["ratio_tokens"] is None:
+        return " ProbePO's mean curve never reaches it within its updates."
+    tokens = f"{reach['ratio_tokens']:.2f}× VinePPO's sampled tokens"
+    if not reach.get("one_session", True):
+        return (
+            f" ProbePO's mean curve reaches it at **{tokens}**. The two arms were measured in different"
+            " sessions, so their wall times are not compared."
+        )
+    return (
+        f" ProbePO's mean curve reaches it after {reach['probepo_wall_to_reach']:.0f} s of training wall"
+        f" time = **{reach['ratio_wall']:.2f}×** VinePPO's {reach['vineppo_wall_total']:.0f} s ({tokens})."
+    )
 
 
 def _reruns(name: str, reproduced: list[dict[str, float]]) -> str:

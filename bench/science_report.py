@@ -185,6 +185,13 @@ def _reruns(
     return [reproduced[seed] for seed in sorted(reproduced)], differs
 
 
+def _same_start(a: Sequence[Curve], b: Sequence[Curve]) -> bool:
+    """Seed by seed (as far as both go), the same accuracies (temperature 1, greedy) at update 0: the
+    same warm-up checkpoint, which every arm of a testbed starts from."""
+    pairs = zip(a, b, strict=False)
+    return all((x.accuracy[0], x.greedy[0]) == (y.accuracy[0], y.greedy[0]) for x, y in pairs)
+
+
 def collect(
     plan: Sequence[Testbed], store: ArtifactStore, committed: dict[tuple[str, str], dict[str, Any]]
 ) -> tuple[dict[str, dict[str, ArmResult]], dict[str, dict[str, dict[str, Any]]]]:
@@ -194,16 +201,20 @@ def collect(
     the engine's results changed and the arm must be rerun whole). Either way the reruns that reproduced
     the file's curves are recorded, and for an arm from the store the seeds whose rerun changed.
 
-    A testbed is one measurement: once any of its arms changed on rerun (another machine's floating
-    point, say, gave another warm-up checkpoint), its committed arms no longer pair with the new ones and
-    are withheld rather than carried, and stay withheld until they are rerun. Returns the arms and, per
-    testbed, each withheld arm's committed entry (kept in the results file, never compared)."""
+    A testbed is one measurement: once any of its compared arms changed on rerun (another machine's
+    floating point, say, gave another warm-up checkpoint), or an arm from the store starts from another
+    checkpoint than a committed one (its accuracies at update 0 differ), the committed arms no longer pair
+    with the new ones and are withheld rather than carried, and stay withheld until they are rerun. An arm
+    that was withheld is expected to change when it is rerun: that is how it rejoins the comparisons.
+    Returns the arms and, per testbed, each withheld arm's committed entry (kept in the results file,
+    never compared)."""
     today = datetime.now(UTC).isoformat(timespec="seconds")
     results: dict[str, dict[str, ArmResult]] = {}
     withheld: dict[str, dict[str, dict[str, Any]]] = {}
     stored = set(store.runs())
     for testbed in plan:
         to_carry: list[tuple[ArmResult, dict[str, Any]]] = []
+        changed = False
         for arm in testbed.arms:
             curves, diagnosed = _stored(testbed, arm, store, stored)
             before = committed.get((testbed.name, arm.name))
@@ -222,6 +233,7 @@ def collect(
                         arm, curves, _mean_diagnostics(diagnosed), measured, False, reproduced, differs
                     )
                     results.setdefault(testbed.name, {})[arm.name] = result
+                    changed |= bool(differs) and not before.get("withheld")
                 continue
             if differs:
                 raise SystemExit(
@@ -231,9 +243,10 @@ def collect(
                 )
             carried = ArmResult(arm, old, before["diagnostics"], before["measured"], True, reproduced)
             to_carry.append((carried, before))
-        changed = any(result.differs for result in results.get(testbed.name, {}).values())
+        from_store = list(results.get(testbed.name, {}).values())
         for carried, before in to_carry:
-            if changed or before.get("withheld"):
+            other_start = any(not _same_start(result.curves, carried.curves) for result in from_store)
+            if changed or before.get("withheld") or other_start:
                 record = {key: value for key, value in before.items() if key != "withheld"}
                 withheld.setdefault(testbed.name, {})[carried.arm.name] = record
             else:
@@ -328,7 +341,8 @@ def analyse(
         if "vineppo" in arms and "probepo" in arms:
             vine = arms["vineppo"].curves
             paired = arms["probepo"].curves[: len(vine)]  # the seeds both arms have (both start at 0)
-            entry["vineppo_time_to_reach"] = _time_to_reach(paired, vine[: len(paired)], n)
+            one_session = arms["vineppo"].measured == arms["probepo"].measured
+            entry["vineppo_time_to_reach"] = _time_to_reach(paired, vine[: len(paired)], n, one_session)
         out[testbed.name] = entry
     return out
 
@@ -365,12 +379,19 @@ def mean_curve(curves: Sequence[Curve], axis: str) -> tuple[list[float], list[fl
     return mean_x, mean_y
 
 
-def _time_to_reach(probepo: Sequence[Curve], vineppo: Sequence[Curve], n: int) -> dict[str, Any]:
+def _time_to_reach(
+    probepo: Sequence[Curve], vineppo: Sequence[Curve], n: int, one_session: bool
+) -> dict[str, Any]:
     """How much of VinePPO's training wall time (and tokens) the mean ProbePO curve needs to first reach
-    VinePPO's mean final accuracy (NaN if it never does within its N updates)."""
+    VinePPO's mean final accuracy (None if it never does within its N updates). Wall times compare only
+    when both arms were measured in one session (`one_session`, same machine and load): else tokens only."""
     target = sum(c.accuracy_at(n) for c in vineppo) / len(vineppo)
-    result: dict[str, Any] = {"vineppo_final_accuracy": round(100 * target, 2), "seeds": len(vineppo)}
-    for axis in ("wall", "tokens"):
+    result: dict[str, Any] = {
+        "vineppo_final_accuracy": round(100 * target, 2),
+        "seeds": len(vineppo),
+        "one_session": one_session,
+    }
+    for axis in ("wall", "tokens") if one_session else ("tokens",):
         px, py = mean_curve(probepo, axis)
         vx, _ = mean_curve(vineppo, axis)
         reach = first_reach(px, py, target)

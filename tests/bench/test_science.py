@@ -225,6 +225,22 @@ def test_a_testbed_whose_rerun_changed_withholds_its_committed_arms(monkeypatch)
     results, withheld = science_report.collect([testbed], store, written)
     assert list(results["t"]) == ["grpo"] and list(withheld["t"]) == ["vineppo"]
 
+    # A new store holding only VinePPO rerun from GRPO's checkpoint: GRPO is carried, and VinePPO, withheld
+    # before, is expected to change: it rejoins the table without withholding GRPO.
+    del store_runs[run]
+    vine_run = science_plan.run_id(testbed, vine, science_plan.arm_config(testbed, vine, 0, store.url))
+    store_runs[vine_run] = _run_curves(curves("new-vine", [0.3, 0.45, 0.5], 300, 3))
+    results, withheld = science_report.collect([testbed], store, written)
+    assert sorted(results["t"]) == ["grpo", "vineppo"] and withheld == {}
+    assert results["t"]["grpo"].carried and results["t"]["vineppo"].differs == [0]
+
+    # GRPO carried beside a VinePPO run from another warm-up checkpoint (its accuracy at update 0 differs):
+    # nothing compared changed on rerun, yet the two cannot pair, so GRPO is withheld.
+    store_runs[vine_run] = _run_curves(curves("other-start", [0.25, 0.45, 0.5], 300, 3))
+    written[("t", "vineppo")] = {**written[("t", "vineppo")], "withheld": False, "runs": []}
+    results, withheld = science_report.collect([testbed], store, written)
+    assert list(results["t"]) == ["vineppo"] and list(withheld["t"]) == ["grpo"]
+
 
 def test_the_tree_arms_pair_with_grpo_and_probepo_seeds():
     for name in ("modchain", "pointer"):
@@ -247,3 +263,17 @@ def test_replication_uses_its_fresh_seeds_and_the_power_it_was_sized_for():
     # The plan's arithmetic: 30 seeds, SD 2.2 points, +1.2 points -> about 80 % power.
     power = paired_t_power(science_plan.PLANNED_EFFECT, science_plan.PLANNED_SD, 30)
     assert power == pytest.approx(0.8, abs=0.04)
+
+
+def test_time_to_reach_compares_wall_times_only_within_one_session():
+    probepo = [curves("p", [0.2, 0.35, 0.45], 300, 2)]
+    vineppo = [curves("v", [0.2, 0.3, 0.4], 3000, 20)]
+    # ProbePO's curve reaches VinePPO's final 0.4 halfway between its evaluations 1 and 2.
+    within = science_report._time_to_reach(probepo, vineppo, N, one_session=True)
+    assert within["ratio_wall"] == pytest.approx(3 / 40)
+    assert within["ratio_tokens"] == pytest.approx(450 / 6000)
+    assert "after 3 s of training wall time" in science_output._reach_text(within)
+    across = science_report._time_to_reach(probepo, vineppo, N, one_session=False)
+    assert "ratio_wall" not in across and across["ratio_tokens"] == within["ratio_tokens"]
+    text = science_output._reach_text(across)
+    assert "× VinePPO's sampled tokens" in text and "wall times are not compared" in text
