@@ -9,7 +9,10 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_BASE, PORT_SPAN = 20000, 12000
+"""Rendezvous ports 20000-31999: below Linux's ephemeral range (32768 up by default), where the node's own
+outgoing connections take ports; a rank 0 that drew one held by such a socket failed with EADDRINUSE and
+left the other ranks waiting on the rendezvous (seen in CI: port 34206 of local job 14206)."""
 
 
 @dataclass(frozen=True)
