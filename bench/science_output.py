@@ -182,7 +182,7 @@ def _reach_text(reach: dict[str, Any]) -> str:
     if reach["ratio_tokens"] is None:
         return " ProbePO's mean curve never reaches it within its updates."
     tokens = f"{reach['ratio_tokens']:.2f}× VinePPO's sampled tokens"
-    if not reach.get("one_session", True):
+    if not reach["one_session"]:
         return (
             f" ProbePO's mean curve reaches it at **{tokens}**. The two arms were measured in different"
             " sessions, so their wall times are not compared."
