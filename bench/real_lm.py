@@ -27,6 +27,7 @@ from typing import Any
 import torch
 from benchlib import machine
 
+from probepo.methods import METHODS
 from probepo.pipeline import train
 from probepo.presets import load_run_config
 from probepo.schedule import TRAINING_STAGES
@@ -131,9 +132,7 @@ def markdown(results: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--updates", type=int, default=3)
-    parser.add_argument(
-        "--arms", nargs="+", default=["grpo", "probepo"], choices=["grpo", "probepo", "vineppo"]
-    )
+    parser.add_argument("--arms", nargs="+", default=["grpo", "probepo"], choices=list(METHODS))
     parser.add_argument("--store", type=Path, help="keep the runs' stores here (default: a temporary folder)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as scratch:

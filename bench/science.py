@@ -117,10 +117,9 @@ def execute(
                 config = arm_config(testbed, arm, seed, store_url)
                 run = run_id(testbed, arm, config)
                 if not resume_point(store, run, config).done:
-                    todo.append((config, run, testbed.name))
-    cost = {"vineppo": 4.0, "grpo": 3.0}
+                    todo.append((config, run, testbed.name, arm.cost))
     order = {t.name: i for i, t in enumerate(plan)}  # testbed by testbed, the longest runs first in each
-    todo.sort(key=lambda item: (order[item[2]], -cost.get(item[0].algo.algorithm, 1.0)))
+    todo.sort(key=lambda item: (order[item[2]], -item[3]))
     print(f"{len(todo)} runs to do in {store_url} ({jobs} at a time); logs in {logs}", flush=True)
     context = get_context("spawn")
     started = time.perf_counter()
@@ -144,7 +143,9 @@ def execute(
                 failed.update(warmups[future])
                 print(f"warm-up of {names} FAILED, its runs skipped: {future.exception()}", flush=True)
         todo = [item for item in todo if item[2] not in failed]
-        pending = {pool.submit(_train, c.model_dump_json(), r, str(logs / f"{r}.log")): r for c, r, _ in todo}
+        pending = {
+            pool.submit(_train, c.model_dump_json(), r, str(logs / f"{r}.log")): r for c, r, _, _ in todo
+        }
         finished = 0
         while pending:
             done, _ = wait(pending, return_when=FIRST_COMPLETED)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import machine
-from science_plan import GRPO_HORIZON, PRIMARY, ROOT, Testbed
+from science_plan import GRPO_HORIZON, PLAN, PRIMARY, ROOT, Testbed
 from science_report import RESULTS, ArmResult, mean_curve
 
 from probepo.stats import mean_and_stderr
@@ -86,14 +86,8 @@ def _short(d: dict[str, Any]) -> str:
     return f"{d['mean']:+.1f} [{low:+.1f}, {high:+.1f}]"
 
 
-NAMES = {
-    "grpo": "GRPO",
-    "probepo": "ProbePO",
-    "vineppo": "VinePPO-dense",
-    "grpo_g32": "GRPO with G = 32",
-    "spo_tree": "SPO-tree",
-    "treepo": "TreePO",
-}
+NAMES = {arm.name: arm.label for testbed in PLAN for arm in testbed.arms}
+"""Each arm's name in the notes: its method's label (probepo.methods) or the plan's."""
 
 
 def _table(entry: dict[str, Any]) -> list[str]:
@@ -171,8 +165,7 @@ def _notes(entry: dict[str, Any]) -> list[str]:
         lines.append(
             f"VinePPO-dense ({reach['seeds']} seeds, paired with ProbePO's first {reach['seeds']})"
             f" final accuracy {reach['vineppo_final_accuracy']:.1f} % (start"
-            f" {entry['arms']['vineppo']['start']['mean']:.1f} %);"
-            + _reach_text(reach)
+            f" {entry['arms']['vineppo']['start']['mean']:.1f} %);" + _reach_text(reach)
         )
     return [part for line in lines for part in ("", line)]
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from probepo.config import RunConfig
+from probepo.methods import method_for
 from probepo.presets import load_run_config
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -29,6 +30,15 @@ class Arm:
     """Train this many times the testbed's updates (GRPO_HORIZON for the equal-tokens GRPO arm)."""
     first_seed: int = 0
     """Seeds first_seed .. first_seed + seeds - 1 (the replication uses fresh seeds 10-39)."""
+    cost: float = 1.0
+    """Wall time of a run relative to ProbePO's (measured), so the bench starts the longest first."""
+    label: str = ""
+    """Its name in tables: the method's label (probepo.methods) unless given."""
+
+    def __post_init__(self) -> None:
+        method = method_for(self.overrides.get("algo.algorithm", "probepo"))  # refuses an unknown method
+        if not self.label:
+            object.__setattr__(self, "label", method.label)
 
     @property
     def seed_range(self) -> range:
@@ -47,14 +57,17 @@ class Testbed:
 
 
 GRPO = {"algo.algorithm": "grpo"}
-GRPO_EQUAL_TOKENS = Arm("grpo", GRPO, 10, "GRPO (run to 4× the updates, see above)", GRPO_HORIZON)
+GRPO_EQUAL_TOKENS = Arm("grpo", GRPO, 10, "GRPO (run to 4× the updates, see above)", GRPO_HORIZON, cost=3.0)
 PROBEPO = Arm("probepo", {}, 10, "ProbePO, defaults (5 pivots × 8 continuations, κ 4, λ 1)")
-VINEPPO = Arm("vineppo", {"algo.algorithm": "vineppo"}, 5, "every step boundary × 8, MC values, no GRPO")
+VINEPPO = Arm(
+    "vineppo", {"algo.algorithm": "vineppo"}, 5, "every step boundary × 8, MC values, no GRPO", cost=4.0
+)
 GRPO_G32 = Arm(
     "grpo_g32",
     {**GRPO, "group_size": 32, "optim.minibatch_size": 256},
     5,
     "GRPO with 4× the responses per prompt (≈ ProbePO's tokens), same updates and optimizer steps",
+    label="GRPO with G = 32",
 )
 SPO_TREE = Arm(
     "spo_tree",

@@ -11,13 +11,14 @@ import os
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 import yaml
 
 from probepo import __version__
 from probepo.config import RunConfig
+from probepo.config.algo import Algorithm
 from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import ConfigError, load_profile, load_run_config, validate_run_config, with_overrides
 from probepo.store import LeaseHeld, StoreError, open_store
@@ -135,7 +136,10 @@ class _Progress:
 
 
 AlgoOption = Annotated[
-    str | None, typer.Option("--algo", help="Override algo.algorithm: grpo|probepo|vineppo|spo_tree|treepo.")
+    str | None,
+    # the names of the method table (probepo.methods), kept equal to the Literal by a test; the table
+    # itself imports torch, which the CLI loads only when a command needs it
+    typer.Option("--algo", help=f"Override algo.algorithm: {'|'.join(get_args(Algorithm))}."),
 ]
 UpdatesOption = Annotated[int | None, typer.Option("--updates", help="Override num_updates.")]
 SetsOption = Annotated[

@@ -19,9 +19,9 @@ from probepo import distributed
 from probepo.config import RunConfig
 from probepo.preemption import Preempted
 from probepo.schedule import DRIVER
-from probepo.stages import STAGES
 from probepo.stages.context import StageContext
 from probepo.stages.policy import ResidentEngines
+from probepo.stages.runners import STAGES
 from probepo.store import AlreadyCommitted, ArtifactStore, open_store
 
 JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID")

@@ -103,7 +103,7 @@ def one_node(ranks: Ranks, what: str) -> None:
 def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
     """A trainer stage on every rank of this job (see run_stage_job)."""
     from probepo import distributed
-    from probepo.stages import STAGES
+    from probepo.stages.runners import STAGES
     from probepo.store import open_store
 
     store = open_store(request.store_url)

@@ -1,4 +1,4 @@
-"""Advantages (ALGORITHM.md §1, §3, §4, §6): GRPO per response, shrunk prefix values, and the centred
+"""Advantages (ALGORITHM.md §1, §3, §4, §6): GRPO and RLOO per response, shrunk prefix values, and the centred
 segment residual that redistributes a response's advantage across its tokens.
 
 Shapes: N responses, T token positions (right padded; `mask[i, t]` marks the response's tokens, which run
@@ -18,6 +18,7 @@ __all__ = [
     "grpo_advantages",
     "masked_whiten",
     "redistribute",
+    "rloo_advantages",
     "shrink_values",
     "vineppo_advantages",
 ]
@@ -67,6 +68,25 @@ def group_advantages(
     if scale == "none":
         return rewards - mean
     raise ValueError(f"scale must be 'std' or 'none', got {scale!r}")
+
+
+def rloo_advantages(rewards: Tensor, group: Tensor) -> Tensor:
+    """RLOO advantage of each response: its reward minus the mean of the other G − 1 rewards of its group.
+
+    Computed as G / (G − 1) · (r_i − r̄), the same quantity, so that a group whose rewards are all equal gets
+    exactly 0 (r̄ is exact for it, see `group_stats`) where a sum of the others would leave a rounding residue.
+
+    Args:
+        rewards: [N] float.
+        group: [N] long group ids (groups may differ in size).
+
+    Returns:
+        [N]; exactly 0 for a group of one (no other response to compare with) or of equal rewards.
+    """
+    mean, _ = group_stats(rewards, group)
+    _, index = torch.unique(group, return_inverse=True)
+    size = torch.bincount(index)[index].to(rewards.dtype)
+    return torch.where(size > 1, size / (size - 1).clamp_min(1) * (rewards - mean), 0)
 
 
 def grpo_advantages(rewards: Tensor, *, scale: Literal["std", "none"] = "std", eps: float = 1e-6) -> Tensor:

@@ -6,7 +6,6 @@ parameters (each field's docstring becomes the help text of the UI form). Invali
 with a message that names the field; `probepo.presets` loads presets and words the errors for users.
 """
 
-from probepo.config.algo import TREE_ALGORITHMS
 from probepo.config.execution import ExecutionProfile, StageResources
 from probepo.config.run import (
     NOT_RECIPE,
@@ -22,7 +21,6 @@ from probepo.config.run import (
 
 __all__ = [
     "NOT_RECIPE",
-    "TREE_ALGORITHMS",
     "AlgoConfig",
     "EvalConfig",
     "ExecutionProfile",

@@ -8,9 +8,8 @@ from pydantic import Field, model_validator
 
 from probepo.config.base import Strict as _Strict
 
-Algorithm = Literal["grpo", "probepo", "vineppo", "spo_tree", "treepo"]
-TREE_ALGORITHMS = ("spo_tree", "treepo")
-"""The algorithms that sample a tree per prompt (no probes; `group_size` is not used)."""
+Algorithm = Literal["grpo", "probepo", "vineppo", "rloo", "spo_tree", "treepo"]
+"""The names of probepo.methods.METHODS, one per method (a test keeps the two equal)."""
 
 
 class AlgoConfig(_Strict):
@@ -21,9 +20,10 @@ class AlgoConfig(_Strict):
 
     algorithm: Algorithm = "probepo"
     """grpo: one group-normalised advantage per response. probepo: sparse probes redistribute it across
-    tokens. vineppo: every step boundary probed, plain Monte-Carlo values, no GRPO term (§6). spo_tree and
-    treepo: the tree baselines (BASELINES.md): a tree of responses per prompt instead of G independent ones,
-    every sampled token trained on, no probes (their fields are the `spo_` and `treepo_` ones)."""
+    tokens. vineppo: every step boundary probed, plain Monte-Carlo values, no GRPO term (§6). rloo: the
+    reward minus the mean of the group's other rewards. spo_tree and treepo: the tree baselines
+    (BASELINES.md): a tree of responses per prompt instead of G independent ones, every sampled token
+    trained on, no probes (their fields are the `spo_` and `treepo_` ones)."""
 
     advantage_scale: Literal["std", "none"] = "std"
     """GRPO normalisation: `std` divides by the Bessel-corrected group std (+eps); `none` is Dr.GRPO."""
@@ -127,18 +127,11 @@ class AlgoConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> AlgoConfig:
-        need = self.max_pivots * self.continuations_per_pivot
-        if self.algorithm == "probepo" and need > self.probe_budget:
-            raise ValueError(
-                f"max_pivots × continuations_per_pivot = {self.max_pivots} × {self.continuations_per_pivot}"
-                f" = {need} exceeds probe_budget = {self.probe_budget}: lower max_pivots or"
-                " continuations_per_pivot, or raise probe_budget"
-            )
-        if self.algorithm == "treepo" and self.treepo_first_fork > self.treepo_width:
-            raise ValueError(
-                f"treepo_first_fork = {self.treepo_first_fork} exceeds treepo_width = {self.treepo_width}:"
-                " every path ends as a leaf, so the first fork can be at most the tree's width"
-            )
+        # The method table imports the stages, which import this module: read it when validating.
+        from probepo.methods import method_for
+
+        for check in method_for(self.algorithm).checks:
+            check(self)
         if min(self.spo_branching) < 1:
             raise ValueError(f"spo_branching = {list(self.spo_branching)}: every level needs >= 1 child")
         return self

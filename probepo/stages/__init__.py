@@ -1,16 +1,7 @@
-"""The pipeline stages (DESIGN.md, "One update k"): one module each, `run(ctx)` commits through the store.
+"""The pipeline stages (DESIGN.md, "One update k"): one module each, `run(ctx)` commits through the store;
+`probepo.stages.runners.STAGES` maps each stage's name to its `run`.
 
-No stage imports Prefect or submitit: each runs the same inline, in a subprocess or in a SLURM job.
+No stage imports Prefect or submitit: each runs the same inline, in a subprocess or in a SLURM job. This
+package imports nothing itself, so the method table (probepo.methods) can use the shared stage modules
+that the stages' runs dispatch through it.
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
-
-from probepo.stages import advantage, checkpoint, evaluate, optimize, probe, sample, score, select, warmup
-from probepo.stages.context import StageContext
-
-STAGES: dict[str, Callable[[StageContext], None]] = {
-    module.STAGE: module.run
-    for module in (warmup, checkpoint, evaluate, sample, score, select, probe, advantage, optimize)
-}

@@ -1,5 +1,5 @@
 """What several stages share: the task, the names of their files, and the committed inputs of update k
-(rollouts, and the training batch optimize and its replay read). The engines on policy k: policy.py."""
+(rollouts, trees, tensors). The training batch: batch.py; the engines on policy k: policy.py."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch import Tensor
 
 from probepo.config import SamplingConfig
 from probepo.data import Problem, Task, build_task
-from probepo.engines.base import SamplingParams, TrainBatch
+from probepo.engines.base import SamplingParams
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 
@@ -21,6 +21,10 @@ ROLLOUTS = "rollouts.parquet"
 TREE = "tree.parquet"
 """The tree baselines' trees, one row per node (trees.py), committed by sample beside the rollouts."""
 SCORES = "scores.safetensors"
+PIVOTS = "pivots.safetensors"
+"""The select stage's [N, M] `pivot_pos` (-1 = none)."""
+VALUES = "values.safetensors"
+"""The probe stage's [N, M] prefix `values` and their counts (successes, trials, rescued)."""
 ADVANTAGES = "advantages.safetensors"
 LOSS_MASK = "loss_mask"
 """The tensor of ADVANTAGES that, where present, marks the tokens in the loss (spo_tree's probability
@@ -135,42 +139,8 @@ def read_tree(ctx: StageContext) -> dict[str, Tensor]:
 
 @dataclass(frozen=True)
 class TrainingRows:
-    """The rows an update trains on: score, advantage and optimize all work on these. One per response for
-    grpo, probepo and vineppo (a tree's leaf path for treepo); one per tree edge for spo_tree, its prompt the
-    prefix above the node (prompt and the segments before it), its response the node's segment, in ascending
-    node order."""
+    """The rows an update trains on: score, advantage and optimize all work on these. Which rows they are is
+    the method's (`Method.rows`): one per response, or one per tree edge for spo_tree."""
 
     prompts: list[list[int]]
     responses: list[list[int]]
-
-
-def training_rows(ctx: StageContext, rollouts: Rollouts) -> TrainingRows:
-    """The training rows of update k under the run's algorithm (see TrainingRows)."""
-    if ctx.config.algo.algorithm != "spo_tree":
-        return TrainingRows(rollouts.prompts, rollouts.responses)
-    tree = read_tree(ctx)
-    prompts, responses = [], []
-    for node in (tree["parent"] >= 0).nonzero().squeeze(1).tolist():
-        row, start, end = (int(tree[name][node]) for name in ("span_row", "start", "end"))
-        prompts.append(rollouts.prompts[row] + rollouts.responses[row][:start])
-        responses.append(rollouts.responses[row][start:end])
-    return TrainingRows(prompts, responses)
-
-
-def training_batch(ctx: StageContext) -> TrainBatch:
-    """Update k's training data as committed: the training rows, their old log-probs and token advantages.
-    Where the advantage stage committed a loss mask (spo_tree), the rows it leaves empty are dropped."""
-    rows = training_rows(ctx, Rollouts.read(ctx))
-    old_logp = read_tensors(ctx, "score", SCORES)["logp"]
-    advantages = read_tensors(ctx, "advantage", ADVANTAGES)
-    loss_mask = advantages.get(LOSS_MASK)
-    if loss_mask is None:
-        return TrainBatch(rows.prompts, rows.responses, old_logp, advantages["advantages"])
-    keep = loss_mask.any(dim=1).nonzero().squeeze(1)
-    return TrainBatch(
-        prompts=[rows.prompts[i] for i in keep.tolist()],
-        responses=[rows.responses[i] for i in keep.tolist()],
-        old_logp=old_logp[keep],
-        advantages=advantages["advantages"][keep],
-        loss_mask=loss_mask[keep],
-    )

@@ -16,7 +16,8 @@ from __future__ import annotations
 from probepo.engines.trainer import combine_metrics
 from probepo.preemption import Preempted
 from probepo.schedule import full_checkpoint
-from probepo.stages.common import CHECKPOINT, OPTIMIZE, policy_files, training_batch
+from probepo.stages.batch import training_batch
+from probepo.stages.common import CHECKPOINT, OPTIMIZE, policy_files
 from probepo.stages.context import StageContext
 from probepo.stages.policy import (
     DIGEST,

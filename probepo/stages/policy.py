@@ -29,7 +29,8 @@ from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
-from probepo.stages.common import CHECKPOINT, OPTIMIZE, training_batch
+from probepo.stages.batch import training_batch
+from probepo.stages.common import CHECKPOINT, OPTIMIZE
 from probepo.stages.context import StageContext
 
 FETCHED = ".fetched"

@@ -11,15 +11,22 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats, shrink_values
-from probepo.stages.common import Rollouts, read_tensors, response_budget, sampling_params, task_of
+from probepo.methods import method_for
+from probepo.stages.common import (
+    PIVOTS,
+    VALUES,
+    Rollouts,
+    read_tensors,
+    response_budget,
+    sampling_params,
+    task_of,
+)
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.select import PIVOTS
 from probepo.stages.shards import continue_in_shards
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = "probe"
-VALUES = "values.safetensors"
 
 
 def run(ctx: StageContext) -> None:
@@ -71,7 +78,7 @@ def run(ctx: StageContext) -> None:
         for (row, slot), reward in zip(owners, rewards, strict=True):
             successes[row, slot] += reward
     mean, _ = group_stats(rollouts.rewards, rollouts.group)
-    kappa = 0.0 if algo.algorithm == "vineppo" else algo.kappa
+    kappa = algo.kappa if method_for(algo.algorithm).shrinks_values else 0.0
     values = shrink_values(successes, trials, mean[:, None], kappa=kappa)
     continuations_total = int(trials.sum())
     summary = {

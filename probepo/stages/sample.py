@@ -1,5 +1,6 @@
 """Sample: G responses to each of the P prompts of update k from policy k, graded by the task's verifier;
-for the tree baselines a tree per prompt instead (trees.py), its leaves the responses.
+for a method that grows trees (`Method.tree`) a tree per prompt instead (trees.py), its leaves the
+responses.
 
 Each chunk of prompts the engine decodes is committed as a shard (a safe point for preemption)."""
 
@@ -8,34 +9,31 @@ from __future__ import annotations
 import torch
 
 from probepo.algo.advantage import group_stats
-from probepo.config import TREE_ALGORITHMS
 from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
+from probepo.methods import method_for
+from probepo.methods.trees import TreeGrower
 from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stages.shards import continue_in_shards
-from probepo.stages.trees import Forest, spo_tree, treepo
+from probepo.stages.trees import Forest
 from probepo.store.formats import table_to_parquet
 
 STAGE = "sample"
 
 
 def _sample_trees(
-    ctx: StageContext, engine: GenerationEngine, params: SamplingParams, forest: Forest
+    ctx: StageContext, grow: TreeGrower, engine: GenerationEngine, params: SamplingParams, forest: Forest
 ) -> list[list[Completion]]:
     """Grow the run's trees; returns each prompt's leaves as completions (the whole path each)."""
-    algo = ctx.config.algo
 
     def sample(name: str, prefixes: list[list[int]], n: int, limits: list[int]) -> list[list[Completion]]:
         return continue_in_shards(
             ctx, f"{STAGE}.{name}", engine, prefixes, n, params, ctx.seed(STAGE, name), limits
         )
 
-    if algo.algorithm == "spo_tree":
-        spo_tree(forest, sample, algo)
-    else:
-        treepo(forest, sample, algo, torch.Generator().manual_seed(ctx.seed(STAGE, "restarts")))
+    grow(ctx, forest, sample)
     groups: list[list[Completion]] = [[] for _ in forest.prompts]
     for leaf in forest.leaves():
         groups[forest.group[leaf]].append(Completion(forest.path(leaf), forest.finish[leaf]))
@@ -50,9 +48,10 @@ def run(ctx: StageContext) -> None:
     engine, params = generation_engine(ctx), sampling_params(ctx, task)
     limits = [response_budget(cfg.sampling, len(prompt)) for prompt in prompts]
     files: dict[str, bytes] = {}
-    if cfg.algo.algorithm in TREE_ALGORITHMS:
+    grow = method_for(cfg.algo.algorithm).tree
+    if grow is not None:
         forest = Forest(prompts, limits)
-        groups = _sample_trees(ctx, engine, params, forest)
+        groups = _sample_trees(ctx, grow, engine, params, forest)
         files[TREE] = table_to_parquet(forest.table())
         # a shared prefix is sampled once: the tokens sampled are the segments', not the leaves' paths
         tree_summary = {"tree_nodes": len(forest.parent), "tokens": sum(map(len, forest.segment))}

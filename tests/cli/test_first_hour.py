@@ -165,6 +165,16 @@ def test_updates_wins_over_set_num_updates_and_says_so(warm_store, preset, tmp_p
     assert "1 updates" in result.stdout
 
 
+def test_rloo_trains_from_the_command_line(warm_store, preset, tmp_path):
+    result = probepo(
+        "train", str(preset), "--run-id", "rloo", "--store", warm_store.url, "--quiet",
+        "--algo", "rloo", "--updates", "1", "--tensorboard", str(tmp_path / "tb"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert warm_store.read_run("rloo")["config"]["algo"]["algorithm"] == "rloo"
+    assert warm_store.marker("rloo", 0, "advantage")["summary"]["residual_abs_mean"] == 0.0
+
+
 def test_first_train_says_where_things_are_then_resume_skips_quietly(warm_store, preset, tmp_path):
     events = tmp_path / "tb"
     args = ["--store", warm_store.url, "--tensorboard", str(events)]

@@ -125,7 +125,8 @@ def replay_optimize_on_ranks(
     from probepo import distributed
     from probepo.config import RunConfig
     from probepo.engines.deepspeed_engine import shard_name
-    from probepo.stages.common import OPTIMIZE, training_batch
+    from probepo.stages.batch import training_batch
+    from probepo.stages.common import OPTIMIZE
     from probepo.stages.context import StageContext
     from probepo.stages.policy import at_update, fetch_policy, restore_trainer
     from probepo.store import open_store

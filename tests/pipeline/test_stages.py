@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from probepo.algo.advantage import group_advantages, group_stats, redistribute
+from probepo.algo.advantage import group_advantages, group_stats, redistribute, rloo_advantages
 from probepo.data import build_task
 from probepo.models.gpt import load_model
 from probepo.pipeline import train
@@ -30,7 +30,7 @@ def _tensors(store: ArtifactStore, run: str, update: int, stage: str, name: str)
 def runs(warm_store: ArtifactStore) -> dict[str, list[dict]]:
     return {
         algo: train(tiny_config(algo), f"stages-{algo}", store=warm_store)
-        for algo in ("grpo", "probepo", "vineppo")
+        for algo in ("grpo", "probepo", "vineppo", "rloo")
     }
 
 
@@ -63,6 +63,19 @@ def test_rollouts_are_the_backbone_batch(runs, warm_store):
 def test_grpo_probes_nothing(runs, warm_store):
     assert warm_store.marker("stages-grpo", 0, "probe")["summary"]["continuations"] == 0
     assert _tensors(warm_store, "stages-grpo", 0, "select", "pivots.safetensors")["pivot_pos"].numel() == 0
+
+
+def test_rloo_probes_nothing_and_trains_each_response_on_its_leave_one_out_advantage(runs, warm_store):
+    run = "stages-rloo"
+    assert warm_store.marker(run, 0, "probe")["summary"]["continuations"] == 0
+    table = table_from_parquet(warm_store.read_stage(run, 0, "sample")["rollouts.parquet"])
+    rewards = torch.tensor(np.asarray(table["reward"]), dtype=torch.float64)
+    expected = rloo_advantages(rewards, torch.tensor(np.asarray(table["group"]))).float()
+    advantages = _tensors(warm_store, run, 0, "advantage", "advantages.safetensors")["advantages"]
+    lengths = [len(r) for r in table["response_ids"]]
+    for row, length in enumerate(lengths):
+        assert torch.equal(advantages[row, :length], expected[row].expand(length))
+        assert not advantages[row, length:].any()
 
 
 def test_probepo_budget_and_token_mean(runs, warm_store):

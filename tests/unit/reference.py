@@ -18,6 +18,14 @@ def grpo(rewards: list[float], *, scale: str = "std", eps: float = 1e-6) -> list
     return [(r - mean) / (std + eps) if scale == "std" else r - mean for r in rewards]
 
 
+def rloo(rewards: list[float]) -> list[float]:
+    """RLOO for one group: each reward minus the mean of the others (0 for a group of one)."""
+    n = len(rewards)
+    if n == 1:
+        return [0.0]
+    return [r - (sum(rewards) - r) / (n - 1) for r in rewards]
+
+
 def window_max(entropy: list[float], length: int, window: int) -> list[float]:
     """§2.3 for one response: max over [t, t + W) ∩ [0, T_i), -inf past the end."""
     out = [-math.inf] * len(entropy)

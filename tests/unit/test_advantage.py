@@ -14,6 +14,7 @@ from probepo.algo.advantage import (
     group_stats,
     grpo_advantages,
     redistribute,
+    rloo_advantages,
     shrink_values,
     vineppo_advantages,
 )
@@ -94,6 +95,39 @@ def test_group_stats_broadcast_torch_mean_and_std(batch):
         torch.testing.assert_close(mean[rows], r.mean().expand(len(r)))
         expected_std = r.std() if len(r) > 1 else torch.tensor(0.0, dtype=F64)
         torch.testing.assert_close(std[rows], expected_std.expand(len(r)))
+
+
+# ---------------------------------------------------------------- RLOO
+
+
+def test_rloo_hand_example():
+    # Group a = [1, 0, 0, 1]: the others' means are 1/3, 2/3, 2/3, 1/3, so A = ±2/3.
+    # Group b = [1, 0, 0] (ids interleaved with a): others' means 0, 1/2, 1/2, so A = 1, -1/2, -1/2.
+    # Group c = [1] alone: nothing to compare with, 0.
+    rewards = torch.tensor([1.0, 1, 0, 0, 0, 0, 1, 1], dtype=F64)
+    group = torch.tensor([7, 3, 7, 3, 7, 3, 7, 9])
+    expected = torch.tensor([2 / 3, 1, -2 / 3, -1 / 2, -2 / 3, -1 / 2, 2 / 3, 0], dtype=F64)
+    torch.testing.assert_close(rloo_advantages(rewards, group), expected)
+
+
+def test_rloo_singleton_and_uniform_groups_are_exactly_zero():
+    rewards = torch.tensor([0.1, 0.1, 0.1, 1.0, 0.3])  # 0.1 is not representable: no rounding residue
+    assert torch.equal(rloo_advantages(rewards, torch.tensor([0, 0, 0, 1, 2])), torch.zeros(5))
+
+
+@given(batches())
+@settings(max_examples=60, deadline=None)
+def test_rloo_matches_reference_and_is_grpo_without_std_rescaled(batch):
+    adv = rloo_advantages(batch.rewards, batch.group)
+    for gid in batch.group.unique():
+        rows = (batch.group == gid).nonzero().flatten()
+        expected = reference.rloo(batch.rewards[rows].tolist())
+        torch.testing.assert_close(adv[rows], torch.tensor(expected, dtype=F64))
+        # RLOO is Dr.GRPO's r - mean scaled by G / (G - 1): the same direction, a larger step.
+        size = len(rows)
+        if size > 1:
+            dr_grpo = group_advantages(batch.rewards[rows], batch.group[rows], scale="none")
+            torch.testing.assert_close(adv[rows], dr_grpo * size / (size - 1))
 
 
 def test_grpo_rejects_unknown_scale():
