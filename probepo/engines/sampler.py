@@ -2,7 +2,8 @@
 
 Every prefix of a call is encoded once (left-padded, per-row positions), its cache is forked into n
 rows, and all rows decode in lockstep until each has stopped, hit its limit, or finished its rescue.
-Probes are sorted by prefix length and chunked, so probing costs about its token count.
+Probes are sorted by prefix length and chunked, so probing costs about its token count. The loop is
+`LockstepDecoding`'s, shared with the Hugging Face engine: an engine supplies the model through its hooks.
 """
 
 from __future__ import annotations
@@ -11,17 +12,21 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
 from probepo.engines.base import ChunkCallback, Completion, SamplingParams
-from probepo.models.gpt import GPT, WEIGHTS_FILE
+from probepo.models.gpt import GPT, WEIGHTS_FILE, KVCache
+
+C = TypeVar("C")
+"""An engine's KV cache."""
 
 
 class ChunkedDecoding(ABC):
-    """What both generation engines share: calls split into chunks of prefixes sorted by length, decoded one
+    """What all generation engines share: calls split into chunks of prefixes sorted by length, decoded one
     chunk at a time by the engine's `_decode` with one random generator on `device`, each chunk reported
     (`on_chunk`) and skipped on a resume. Subclasses set `device`, `max_batch_rows`, and the model's
     `vocab_size` and `context` (tokens a sequence may fill) that calls are checked against."""
@@ -139,7 +144,122 @@ class ChunkedDecoding(ABC):
         """n completions of each prefix of one chunk, decoded in lockstep."""
 
 
-class TorchGenerationEngine(ChunkedDecoding):
+class LockstepDecoding(ChunkedDecoding, Generic[C]):
+    """`_decode` as one lockstep loop over a KV cache of type C, for the engines that run the model
+    themselves (vLLM decodes on its own); they supply the model through the hooks below."""
+
+    @abstractmethod
+    def _prefill(self, ids: Tensor, positions: Tensor, pad: Tensor, new_max: int) -> tuple[Tensor, C, Tensor]:
+        """Encodes ids [P, width] (row i left-padded with pad[i] tokens; positions [P, width]) into a new
+        cache with room for new_max more tokens per row. Returns the last position's logits [P, V], the
+        cache, and valid [P, S]: its key slots that are not padding, as `_step` takes it."""
+
+    @abstractmethod
+    def _fork(self, cache: C, n: int) -> C:
+        """The cache with each row repeated n times (row b → rows b·n … b·n + n − 1)."""
+
+    @abstractmethod
+    def _select(self, cache: C, keep: Tensor) -> C:
+        """The cache of the rows keep [R'] only."""
+
+    @abstractmethod
+    def _step(self, tokens: Tensor, positions: Tensor, valid: Tensor, cache: C) -> tuple[Tensor, Tensor]:
+        """Feeds one token per row (tokens, positions: [R]), adding it to the cache. valid [R, S] as the last
+        call returned it; returns the next-token logits [R, V] and valid for the next call."""
+
+    @abstractmethod
+    def _sample(self, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+        """One token per row of logits [R, V] → [R], drawn with `generator`."""
+
+    def _decode(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        limits: Tensor,
+        rescue_ids: Tensor,
+        rescue_len: int,
+        generator: torch.Generator,
+    ) -> list[list[Completion]]:
+        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows
+        reaching it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens.
+        Finished rows are dropped from the batch once they are a quarter of it, so dead rows cost little."""
+        device = self.device
+        P, width = len(prefixes), max(map(len, prefixes))
+        lengths = torch.tensor([len(p) for p in prefixes], device=device)
+        ids = torch.zeros(P, width, dtype=torch.long, device=device)
+        for i, prefix in enumerate(prefixes):
+            ids[i, width - len(prefix) :] = torch.tensor(prefix, device=device)
+        pad = width - lengths
+        positions = (torch.arange(width, device=device)[None, :] - pad[:, None]).clamp(min=0)
+        new_max = int(limits.max()) + rescue_len
+        logits, cache, valid = self._prefill(ids, positions, pad, new_max)
+
+        # fork: row r continues prefix r // n
+        R = P * n
+        cache = self._fork(cache, n)
+        logits = logits.repeat_interleave(n, dim=0)
+        rows = DecodeRows.start(*(x.repeat_interleave(n, dim=0) for x in (lengths, limits, valid)), device)
+        out = torch.zeros(R, new_max, dtype=torch.long, device=device)
+        count = torch.zeros(R, dtype=torch.long, device=device)
+        stopped, rescued = (torch.zeros(R, dtype=torch.bool, device=device) for _ in "sr")
+        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+
+        rows.update_phase(rescue_len)
+        any_done, all_done, compact, any_rescued = rows.flags()
+        # a row is done after its limit + rescue_len <= new_max tokens: the last iteration only records
+        for step in range(new_max + 1):
+            if any_done:
+                finished = rows.done
+                count[rows.ids[finished]] = rows.count[finished]
+                stopped[rows.ids[finished]] = rows.stopped[finished]
+                rescued[rows.ids[finished]] = rows.rescued[finished]
+                if all_done:
+                    break
+                if compact:  # drop finished rows
+                    keep = (~finished).nonzero()[:, 0]
+                    rows, logits = rows.select(keep), logits[keep]
+                    cache = self._select(cache, keep)
+                    any_rescued = bool(rows.rescued.any())
+            token = self._sample(logits, params.temperature, params.top_p, generator)
+            forced = torch.zeros_like(rows.done)
+            if any_rescued:
+                k = rows.count - rows.rescue_start
+                forced = rows.rescued & (k < len(rescue_ids))
+                token = torch.where(rows.rescued & ~forced, logits.argmax(-1), token)
+                if len(rescue_ids):
+                    token = torch.where(forced, rescue_ids[k.clamp(max=len(rescue_ids) - 1)], token)
+            active = ~rows.done
+            out[rows.ids, step] = torch.where(active, token, 0)
+            rows.count += active
+            hit_stop = active & ~forced & torch.isin(token, stop_ids)
+            rows.stopped |= hit_stop
+            rows.done |= hit_stop
+            rows.update_phase(rescue_len)
+            any_done, all_done, compact, any_rescued = rows.flags()
+            if all_done:
+                continue  # no logits needed: the next iteration records the rows and stops
+            # Finished rows stay in the batch until compaction and are fed a dummy position: at
+            # prefix length + step a finished long-prefix row would run past the context.
+            positions = torch.where(rows.done, 0, rows.lengths + step)
+            logits, rows.valid = self._step(token, positions, rows.valid, cache)
+
+        counts, stops, rescues = count.tolist(), stopped.tolist(), rescued.tolist()
+        out = out.cpu()
+        return [
+            [
+                Completion(
+                    ids=out[r, : counts[r]].tolist(),
+                    finish_reason="stop" if stops[r] else "length",
+                    rescued=bool(rescues[r]),
+                )
+                for r in range(i * n, (i + 1) * n)
+            ]
+            for i in range(P)
+        ]
+
+
+class TorchGenerationEngine(LockstepDecoding[KVCache]):
     """GenerationEngine on a GPT in this process. `max_batch_rows` caps the rows (prefixes × n) decoded
     together: 256 made probing cost about its token count on one core (bench/sampler.py), where one
     batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ."""
@@ -160,91 +280,29 @@ class TorchGenerationEngine(ChunkedDecoding):
             source = load_file(path / WEIGHTS_FILE if path.is_dir() else path)
         self.model.load_state_dict(source)
 
-    def _decode(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        limits: Tensor,
-        rescue_ids: Tensor,
-        rescue_len: int,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows
-        reaching it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens.
-        Finished rows are dropped from the batch once they are a quarter of it, so dead rows cost little."""
-        P, width = len(prefixes), max(map(len, prefixes))
-        lengths = torch.tensor([len(p) for p in prefixes])
-        ids = torch.zeros(P, width, dtype=torch.long)
-        for i, prefix in enumerate(prefixes):
-            ids[i, width - len(prefix) :] = torch.tensor(prefix)
-        new_max = int(limits.max()) + rescue_len
+    def _prefill(
+        self, ids: Tensor, positions: Tensor, pad: Tensor, new_max: int
+    ) -> tuple[Tensor, KVCache, Tensor]:
+        """The cache is preallocated for all new tokens, and valid [P, width + new_max] covers its slots."""
+        P, width = ids.shape
         cache = self.model.new_cache(P, width + new_max)
-        pad = width - lengths
-        valid = torch.arange(width + new_max)[None, :] >= pad[:, None]  # [P, S]: left padding is invalid
-        positions = (torch.arange(width)[None, :] - pad[:, None]).clamp(min=0)
-        logits = self.model(ids, positions, valid, cache)[:, -1]
+        valid = torch.arange(width + new_max, device=self.device)[None, :] >= pad[:, None]
+        return self.model(ids, positions, valid, cache)[:, -1], cache, valid
 
-        # fork: row r continues prefix r // n
-        R = P * n
-        cache = cache.expand(n)
-        logits = logits.repeat_interleave(n, dim=0)
-        rows = DecodeRows.start(*(x.repeat_interleave(n, dim=0) for x in (lengths, limits, valid)))
-        out = torch.zeros(R, new_max, dtype=torch.long)
-        count, stopped, rescued = (
-            torch.zeros(R, dtype=torch.long),
-            *(torch.zeros(R, dtype=torch.bool) for _ in "sr"),
-        )
-        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long)
+    def _fork(self, cache: KVCache, n: int) -> KVCache:
+        return cache.expand(n)
 
-        rows.update_phase(rescue_len)
-        for step in range(new_max):
-            if rows.done.any():
-                finished = rows.done
-                count[rows.ids[finished]] = rows.count[finished]
-                stopped[rows.ids[finished]] = rows.stopped[finished]
-                rescued[rows.ids[finished]] = rows.rescued[finished]
-                if finished.all():
-                    break
-                if 4 * int(finished.sum()) >= len(finished):  # compact: drop finished rows
-                    keep = (~finished).nonzero()[:, 0]
-                    rows, logits = rows.select(keep), logits[keep]
-                    cache = cache.select(keep)
-            token = sample_tokens(logits, params.temperature, params.top_p, generator)
-            forced = torch.zeros_like(rows.done)
-            if rows.rescued.any():
-                k = rows.count - rows.rescue_start
-                forced = rows.rescued & (k < len(rescue_ids))
-                token = torch.where(rows.rescued & ~forced, logits.argmax(-1), token)
-                if len(rescue_ids):
-                    token = torch.where(forced, rescue_ids[k.clamp(max=len(rescue_ids) - 1)], token)
-            active = ~rows.done
-            out[rows.ids, step] = torch.where(active, token, 0)
-            rows.count += active
-            hit_stop = active & ~forced & torch.isin(token, stop_ids)
-            rows.stopped |= hit_stop
-            rows.done |= hit_stop
-            rows.update_phase(rescue_len)
-            if rows.done.all():
-                continue  # the next iteration records the rows and stops
-            # Finished rows stay in the batch until compaction and are fed a dummy position: at
-            # prefix length + step a finished long-prefix row would run past the context.
-            positions = torch.where(rows.done, 0, rows.lengths + step)
-            logits = self.model(token[:, None], positions[:, None], rows.valid, cache)[:, 0]
-        else:
-            count[rows.ids], stopped[rows.ids], rescued[rows.ids] = rows.count, rows.stopped, rows.rescued
+    def _select(self, cache: KVCache, keep: Tensor) -> KVCache:
+        return cache.select(keep)
 
-        return [
-            [
-                Completion(
-                    ids=out[r, : count[r]].tolist(),
-                    finish_reason="stop" if stopped[r] else "length",
-                    rescued=bool(rescued[r]),
-                )
-                for r in range(i * n, (i + 1) * n)
-            ]
-            for i in range(P)
-        ]
+    def _step(
+        self, tokens: Tensor, positions: Tensor, valid: Tensor, cache: KVCache
+    ) -> tuple[Tensor, Tensor]:
+        """valid already covers every slot: the model reads the filled ones."""
+        return self.model(tokens[:, None], positions[:, None], valid, cache)[:, 0], valid
+
+    def _sample(self, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+        return sample_tokens(logits, temperature, top_p, generator)
 
 
 @dataclass
@@ -262,15 +320,20 @@ class DecodeRows:
     rescue_start: Tensor  # count when the rescue began
 
     @classmethod
-    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor) -> DecodeRows:
+    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor, device: torch.device) -> DecodeRows:
         R = len(lengths)
-        zeros, false = torch.zeros(R, dtype=torch.long), torch.zeros(R, dtype=torch.bool)
-        return cls(
-            torch.arange(R), lengths, limits, valid, zeros, false, false.clone(), false.clone(), zeros.clone()
-        )
+        zeros = torch.zeros(R, dtype=torch.long, device=device)
+        false = torch.zeros(R, dtype=torch.bool, device=device)
+        ids = torch.arange(R, device=device)
+        return cls(ids, lengths, limits, valid, zeros, false, false.clone(), false.clone(), zeros.clone())
 
     def select(self, keep: Tensor) -> DecodeRows:
         return DecodeRows(*(getattr(self, f.name)[keep] for f in fields(self)))
+
+    def flags(self) -> list[bool]:
+        """[any done, all done, done are a quarter or more, any rescued]: the step's one device sync."""
+        done = self.done
+        return torch.stack([done.any(), done.all(), 4 * done.sum() >= len(done), self.rescued.any()]).tolist()
 
     def update_phase(self, rescue_len: int) -> None:
         """Rows at their limit enter the rescue (or finish without one); rescues that are over finish."""

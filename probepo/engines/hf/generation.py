@@ -4,9 +4,10 @@ Each chunk of prefixes is left-padded and encoded in one forward pass into a `Dy
 then forked in place (`batch_repeat_interleave(n)`: row b becomes rows b·n … b·n + n − 1), so a prefix is
 encoded once whatever n is. All rows decode in lockstep, one token per forward pass, each with its own
 positions and an attention mask that hides the left padding; finished rows are dropped from the batch
-(`batch_select_indices`) once they are a quarter of it. Semantics (chunking, resuming, stop tokens, the
-cutoff rescue) are those of the CPU testbed's TorchGenerationEngine; tensors live on `device`, random draws
-come from a torch.Generator on that device, one uniform number per row and token (`sample_categorical`).
+(`batch_select_indices`) once they are a quarter of it. The loop, and so the semantics (chunking, resuming,
+stop tokens, the cutoff rescue), is the one the CPU testbed's TorchGenerationEngine runs (`LockstepDecoding`);
+this engine supplies its hooks. Tensors live on `device`, random draws come from a torch.Generator on that
+device, one uniform number per row and token (`sample_categorical`).
 """
 
 from __future__ import annotations
@@ -19,15 +20,14 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor
 
-from probepo.engines.base import Completion, SamplingParams
 from probepo.engines.hf.loading import load_policy, load_weights_into
-from probepo.engines.sampler import ChunkedDecoding, DecodeRows
+from probepo.engines.sampler import LockstepDecoding
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+    from transformers import DynamicCache, PreTrainedModel, PreTrainedTokenizerBase
 
 
-class HFGenerationEngine(ChunkedDecoding):
+class HFGenerationEngine(LockstepDecoding["DynamicCache"]):
     """GenerationEngine on a transformers causal LM (a model object, or a hub id / folder / .gguf file that
     `load_policy` reads). `max_batch_rows` caps the rows (prefixes × n) decoded together; `tokenizer` is
     kept for callers (the one loaded with the model when a path is given)."""
@@ -78,108 +78,35 @@ class HFGenerationEngine(ChunkedDecoding):
         )
         return out.logits[:, -1].float()
 
-    def _decode(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        limits: Tensor,
-        rescue_ids: Tensor,
-        rescue_len: int,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows reaching
-        it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens."""
+    def _prefill(
+        self, ids: Tensor, positions: Tensor, pad: Tensor, new_max: int
+    ) -> tuple[Tensor, DynamicCache, Tensor]:
+        """The cache grows as tokens come, so valid [P, width] covers the prefixes only."""
         from transformers import DynamicCache
 
-        device = self.device
-        P, width = len(prefixes), max(map(len, prefixes))
-        lengths = torch.tensor([len(p) for p in prefixes], device=device)
-        ids = torch.zeros(P, width, dtype=torch.long, device=device)
-        for i, prefix in enumerate(prefixes):
-            ids[i, width - len(prefix) :] = torch.tensor(prefix, device=device)
-        pad = width - lengths
-        attention = torch.arange(width, device=device)[None, :] >= pad[:, None]  # [P, width]
-        positions = (torch.arange(width, device=device)[None, :] - pad[:, None]).clamp(min=0)
+        valid = torch.arange(ids.shape[1], device=self.device)[None, :] >= pad[:, None]
         cache = DynamicCache(config=self.model.config)
-        logits = self._forward(ids, positions, attention, cache)
+        logits = self._forward(ids, positions, valid, cache)
         self.prefill_calls += 1
+        return logits, cache, valid
 
-        # fork: row r continues prefix r // n
-        R = P * n
+    def _fork(self, cache: DynamicCache, n: int) -> DynamicCache:
         cache.batch_repeat_interleave(n)
-        logits = logits.repeat_interleave(n, dim=0)
-        zeros = torch.zeros(R, dtype=torch.long, device=device)
-        false = torch.zeros(R, dtype=torch.bool, device=device)
-        rows = DecodeRows(
-            ids=torch.arange(R, device=device),
-            lengths=lengths.repeat_interleave(n),
-            limits=limits.repeat_interleave(n),
-            valid=attention.repeat_interleave(n, dim=0),
-            count=zeros,
-            done=false,
-            stopped=false.clone(),
-            rescued=false.clone(),
-            rescue_start=zeros.clone(),
-        )
-        new_max = int(limits.max()) + rescue_len
-        out = torch.zeros(R, new_max, dtype=torch.long, device=device)
-        count, stopped, rescued = zeros.clone(), false.clone(), false.clone()
-        stop_ids = torch.tensor(params.stop_token_ids, dtype=torch.long, device=device)
+        return cache
 
-        rows.update_phase(rescue_len)
-        for step in range(new_max + 1):
-            # one device sync per step for the batch's bookkeeping
-            any_done, all_done, compact, any_rescued = torch.stack(
-                [rows.done.any(), rows.done.all(), 4 * rows.done.sum() >= len(rows.done), rows.rescued.any()]
-            ).tolist()
-            if any_done:
-                finished = rows.done
-                count[rows.ids[finished]] = rows.count[finished]
-                stopped[rows.ids[finished]] = rows.stopped[finished]
-                rescued[rows.ids[finished]] = rows.rescued[finished]
-                if all_done:
-                    break
-                if compact:  # drop finished rows
-                    keep = (~finished).nonzero()[:, 0]
-                    rows, logits = rows.select(keep), logits[keep]
-                    cache.batch_select_indices(keep)
-                    any_rescued = bool(rows.rescued.any())
-            token = sample_categorical(logits, params.temperature, params.top_p, generator)
-            forced = torch.zeros_like(rows.done)
-            if any_rescued:
-                k = rows.count - rows.rescue_start
-                forced = rows.rescued & (k < len(rescue_ids))
-                token = torch.where(rows.rescued & ~forced, logits.argmax(-1), token)
-                if len(rescue_ids):
-                    token = torch.where(forced, rescue_ids[k.clamp(max=len(rescue_ids) - 1)], token)
-            active = ~rows.done
-            out[rows.ids, step] = torch.where(active, token, 0)
-            rows.count += active
-            hit_stop = active & ~forced & torch.isin(token, stop_ids)
-            rows.stopped |= hit_stop
-            rows.done |= hit_stop
-            rows.update_phase(rescue_len)
-            if step + 1 == new_max:
-                continue  # no room for another token: the next iteration records the rows and stops
-            # Finished rows stay until compaction and are fed a dummy position, inside the context.
-            positions = torch.where(rows.done, 0, rows.lengths + step)
-            rows.valid = torch.cat([rows.valid, torch.ones_like(rows.valid[:, :1])], dim=1)
-            logits = self._forward(token[:, None], positions[:, None], rows.valid, cache)
+    def _select(self, cache: DynamicCache, keep: Tensor) -> DynamicCache:
+        cache.batch_select_indices(keep)
+        return cache
 
-        counts, stops, rescues = count.tolist(), stopped.tolist(), rescued.tolist()
-        out = out.cpu()
-        return [
-            [
-                Completion(
-                    ids=out[r, : counts[r]].tolist(),
-                    finish_reason="stop" if stops[r] else "length",
-                    rescued=bool(rescues[r]),
-                )
-                for r in range(i * n, (i + 1) * n)
-            ]
-            for i in range(P)
-        ]
+    def _step(
+        self, tokens: Tensor, positions: Tensor, valid: Tensor, cache: DynamicCache
+    ) -> tuple[Tensor, Tensor]:
+        """valid gains the new token's column, as the cache its slot."""
+        valid = torch.cat([valid, torch.ones_like(valid[:, :1])], dim=1)
+        return self._forward(tokens[:, None], positions[:, None], valid, cache), valid
+
+    def _sample(self, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+        return sample_categorical(logits, temperature, top_p, generator)
 
 
 def sample_categorical(
