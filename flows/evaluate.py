@@ -11,26 +11,26 @@ when a pair could not be evaluated, naming it and its job; the next night retrie
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from flows.runner import stage_task
 from flows.train import artifact_key
+from probepo.errors import ExecutionError
 from probepo.evaluations import EvaluationRequest, check_suites, evaluate_checkpoint, missing
 from probepo.presets import ConfigError, load_profile
 from probepo.store import open_store
-from slurm.accounting import SlurmUnavailable
 from slurm.arrays import run_array
+from slurm.executors import ArrayExecutorName, executor_for
 
 DEFAULT_SUITES = ("heldout",)
-Executor = Literal["inline", "local", "slurm"]
 """Where the evaluations run: this process, a subprocess each, or SLURM job arrays."""
 
 
 def _evaluate(
-    requests: list[EvaluationRequest], executor: Executor, profile: str | None, name: str
+    requests: list[EvaluationRequest], executor: ArrayExecutorName, profile: str | None, name: str
 ) -> dict[str, Any]:
     logger = get_run_logger()
     try:
@@ -39,7 +39,7 @@ def _evaluate(
         raise ValueError(str(exc)) from None
     logger.info(f"{len(requests)} evaluations to do ({executor})")
     work: Callable[[EvaluationRequest], str] = evaluate_checkpoint
-    if executor == "inline":  # one task run per pair, named after it
+    if executor_for(executor, arrays=True).in_process:  # one task run per pair, named after it
 
         def work(request: EvaluationRequest) -> str:
             named = stage_task.with_options(task_run_name=f"evaluate · {request.describe()}")
@@ -51,7 +51,7 @@ def _evaluate(
 
     try:
         outcomes = run_array(executor, work, requests, execution, name=name, watch=watch)
-    except SlurmUnavailable as exc:
+    except ExecutionError as exc:
         raise ValueError(str(exc)) from None
     rows, failed, stores = [], [], {}
     for request, outcome in zip(requests, outcomes, strict=True):
@@ -86,7 +86,7 @@ def evaluate(
     store: str = "./store",
     checkpoints: list[int] | None = None,
     suites: Sequence[str] = DEFAULT_SUITES,
-    executor: Executor = "inline",
+    executor: ArrayExecutorName = "inline",
     profile: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate checkpoints of run `run_id` (those in `checkpoints`, or all) on `suites` (`heldout`: the run's
@@ -104,7 +104,7 @@ def evaluate(
 def nightly_eval(
     store: str = "./store",
     suites: Sequence[str] = DEFAULT_SUITES,
-    executor: Executor = "slurm",
+    executor: ArrayExecutorName = "slurm",
     profile: str | None = None,
 ) -> dict[str, Any]:
     """Evaluate every checkpoint of every run in `store` that lacks an evaluation on `suites`, as one job

@@ -16,7 +16,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from probepo.execution import StageRequest, StageRunner
-from probepo.schedule import DRIVER
+from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from slurm import JobRunner
 from slurm.accounting import JobInfo
@@ -34,7 +34,7 @@ def stage_task(work: Callable[[], T]) -> T:
 def task_name(request: StageRequest, job_id: str | None = None) -> str:
     """E.g. `sample · update 3 · job 1234`: what the UI lists for a stage (and its job)."""
     job = f" · job {job_id}" if job_id else ""
-    if request.stage == DRIVER:  # the resident executor's one job: every stage of every update left
+    if request.stage == Stage.DRIVER:  # the resident executor's one job: every stage of every update left
         return f"driver{job}"
     return f"{request.stage} · update {request.update}{job}"
 

@@ -12,7 +12,7 @@ the cancellation in the store; a later `resume` completes the run.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
 from prefect import flow, get_client, get_run_logger
@@ -28,16 +28,16 @@ from prefect.states import Cancelled, State
 
 from flows.runner import shown_in_prefect
 from probepo.config import RunConfig
+from probepo.errors import ExecutionError
 from probepo.pipeline import recorded_updates, resume_point
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
 from probepo.presets import ConfigError, load_profile, validate_run_config, with_overrides
 from probepo.report import load_curves, markdown
+from probepo.schedule import Stage
 from probepo.store import ArtifactStore, open_store
 from slurm import JobRunner, make_runner
-from slurm.accounting import SlurmUnavailable
-
-Executor = Literal["inline", "local", "slurm", "resident"]
+from slurm.executors import ExecutorName
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -55,7 +55,7 @@ class Progress:
         )
 
     def __call__(self, update: int, stage: str, summary: dict[str, Any], ran: bool) -> None:
-        if stage == "optimize":
+        if stage == Stage.OPTIMIZE:
             update_progress_artifact(self.artifact, 100.0 * (update + 1) / self.num_updates)
 
 
@@ -89,7 +89,7 @@ def publish_results(store: ArtifactStore, run_id: str) -> None:
 def _drive(
     config: RunConfig,
     run_id: str,
-    executor: Executor,
+    executor: ExecutorName,
     profile: str | None,
     store: ArtifactStore | None = None,
 ) -> list[dict[str, Any]] | State:
@@ -97,7 +97,7 @@ def _drive(
     try:
         config = validate_run_config(config.model_dump(mode="json"), f"flow parameter config of run {run_id}")
         runner = make_runner(executor, load_profile(profile))
-    except (ConfigError, SlurmUnavailable) as exc:
+    except (ConfigError, ExecutionError) as exc:
         raise ValueError(str(exc)) from None  # before any job is submitted
     store = store or open_store(config.store)
     show_resume_point(store, run_id, config)
@@ -139,7 +139,7 @@ def cancel_requested() -> bool:
 
 @flow(name="train", flow_run_name="train {run_id}", log_prints=True)
 def train(
-    config: RunConfig, run_id: str, executor: Executor = "inline", profile: str | None = None
+    config: RunConfig, run_id: str, executor: ExecutorName = "inline", profile: str | None = None
 ) -> list[dict[str, Any]] | State:
     """Train (or resume) run `run_id` with `config`: every stage of every update committed to the store.
     `executor`: where stages run (inline: this process; local: a subprocess each; slurm: a SLURM job each;
@@ -150,7 +150,7 @@ def train(
 
 @flow(name="resume", flow_run_name="resume {run_id}", log_prints=True)
 def resume(
-    run_id: str, store: str = "./store", executor: Executor = "inline", profile: str | None = None
+    run_id: str, store: str = "./store", executor: ExecutorName = "inline", profile: str | None = None
 ) -> list[dict[str, Any]] | State:
     """Continue run `run_id` from what `store` holds (its frozen recipe): committed stages are skipped, a
     stage job still in flight is waited for, never submitted again."""

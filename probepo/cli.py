@@ -19,6 +19,7 @@ import yaml
 from probepo import __version__
 from probepo.config import RunConfig
 from probepo.config.algo import Algorithm
+from probepo.errors import ExecutionError
 from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import ConfigError, load_profile, load_run_config, validate_run_config, with_overrides
 from probepo.store import LeaseHeld, StoreError, open_store
@@ -78,20 +79,25 @@ PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 def _runner(executor: str, profile: Path | None) -> StageRunner:
     """The stage runner for --executor/--profile, checked before anything is submitted."""
-    from slurm import EXECUTORS, make_runner
-    from slurm.accounting import SlurmUnavailable
+    from slurm import make_runner
 
-    if executor not in EXECUTORS:
-        raise _fail(f"--executor {executor!r}: choose one of {', '.join(EXECUTORS)}")
     try:
         return make_runner(executor, load_profile(profile))
-    except (ConfigError, SlurmUnavailable) as exc:
-        raise _fail(str(exc)) from None
+    except (ConfigError, ExecutionError) as exc:
+        raise _failed(exc) from None
 
 
-def _fail(message: str) -> typer.Exit:
+def _fail(message: str, code: int = 2) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
+    return typer.Exit(code)
+
+
+def _failed(exc: ExecutionError | ConfigError | StoreError) -> typer.Exit:
+    """A known failure as an `error:` line: exit 2 for a user's error (config, profile, store, the site,
+    a refused submission), exit 1 for a stage that failed in its job (the message carries the end of the
+    job's stderr, where its traceback is). Anything else is a bug: it propagates with its traceback."""
+    user = not isinstance(exc, ExecutionError) or exc.user_error
+    return _fail(str(exc), 2 if user else 1)
 
 
 def _parse_sets(pairs: list[str]) -> dict[str, Any]:
@@ -179,8 +185,6 @@ def _train(
 ) -> None:
     """Run the driver and turn every failure into one line; `command` is how the user resumes (advice)."""
     from probepo.pipeline import train as run_training  # torch loads here, not for --help
-    from slurm import StageFailed
-    from slurm.backends import SubmitFailed, SubmitRefused
 
     events = tensorboard or Path("out") / "tensorboard" / run_id
     progress: ProgressFn = _Progress(quiet)
@@ -198,8 +202,8 @@ def _train(
         )
     except LeaseHeld as exc:
         raise _fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
-    except (StoreError, ValueError, StageFailed, SubmitRefused, SubmitFailed) as exc:
-        raise _fail(str(exc)) from None
+    except (StoreError, ConfigError, ExecutionError) as exc:
+        raise _failed(exc) from None
     except Preempted as exc:
         typer.echo(f"preempted: {exc}; resume with `probepo resume {run_id}`", err=True)
         raise typer.Exit(PREEMPTED_EXIT) from None
@@ -312,8 +316,8 @@ def resume(
             extension = extend_run(opened, run_id, updates)
             typer.echo(f"run {run_id}: extended from {extension['from']} to {extension['to']} updates")
         config = with_overrides(config, num_updates=recorded_updates(opened, run_id))
-    except (StoreError, ValueError) as exc:
-        raise _fail(str(exc)) from None
+    except (StoreError, ConfigError) as exc:
+        raise _failed(exc) from None
     _train(
         config,
         run_id,

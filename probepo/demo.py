@@ -23,6 +23,7 @@ from probepo.config import RunConfig
 from probepo.pipeline import ensure_warmup
 from probepo.presets import with_overrides
 from probepo.report import load_curves, write_report
+from probepo.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
 
 ARMS = ("grpo", "probepo")
@@ -46,7 +47,7 @@ def arm_runs(config: RunConfig) -> dict[str, tuple[str, RunConfig]]:
 
 def _updates_done(store: ArtifactStore, run_id: str) -> int:
     try:
-        return sum("optimize" in stages for stages in store.ledger_entries(run_id).values())
+        return sum(Stage.OPTIMIZE in stages for stages in store.ledger_entries(run_id).values())
     except StoreError:  # progress display only; the child process reports real errors
         return 0
 
@@ -56,7 +57,7 @@ def warm_up(config: RunConfig, console: Console) -> str:
     store = open_store(config.store)
     with console.status("warm-up: supervised training until accuracy enters the window (or reuse)"):
         warmup_id = ensure_warmup(config, store)
-    warm = store.marker(warmup_id, 0, "warmup")["summary"]
+    warm = store.marker(warmup_id, 0, Stage.WARMUP)["summary"]
     console.print(f"warm-up {warmup_id}: accuracy {100 * warm['accuracy']:.1f}% after {warm['steps']} steps")
     return warmup_id
 

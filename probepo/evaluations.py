@@ -18,7 +18,7 @@ from pathlib import Path
 
 from probepo.config import RunConfig
 from probepo.presets import ConfigError, validate_run_config
-from probepo.schedule import CHECKPOINT
+from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.evaluate import HELDOUT, suites_for
 from probepo.store import ArtifactStore, StoreError, open_store
@@ -58,7 +58,7 @@ def check_suites(suites: Sequence[str]) -> tuple[str, ...]:
 
 def checkpoints(store: ArtifactStore, run_id: str) -> list[int]:
     """The updates whose checkpoint (policy k) is committed."""
-    return [k for k in store.updates(run_id) if store.committed(run_id, k, CHECKPOINT)]
+    return [k for k in store.updates(run_id) if store.committed(run_id, k, Stage.CHECKPOINT)]
 
 
 def stored_config(store: ArtifactStore, run_id: str) -> RunConfig:
@@ -102,7 +102,7 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     store = open_store(request.store_url)
     if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
         return "exists"
-    if not store.committed(request.run_id, request.checkpoint, CHECKPOINT):
+    if not store.committed(request.run_id, request.checkpoint, Stage.CHECKPOINT):
         raise ValueError(
             f"{request.describe()}: run {request.run_id} has no full checkpoint at update"
             f" {request.checkpoint} (it has {checkpoints(store, request.run_id)})"

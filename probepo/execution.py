@@ -18,23 +18,15 @@ from typing import Any, Protocol, runtime_checkable
 from probepo import distributed
 from probepo.config import RunConfig
 from probepo.preemption import Preempted
-from probepo.schedule import DRIVER
+from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.policy import ResidentEngines
 from probepo.stages.runners import STAGES
-from probepo.store import AlreadyCommitted, ArtifactStore, open_store
-
-JOB_ID_VARIABLES = ("SLURM_JOB_ID", "SUBMITIT_LOCAL_JOB_ID")
-"""Where a job finds its own id (SLURM's, or submitit's local executor's: the controller's pid)."""
+from probepo.store import AlreadyCommitted, ArtifactStore, AttemptOutcome, open_store
 
 
 def now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
-
-
-def current_job_id() -> str | None:
-    """The id of the job this process runs in, or None outside a job."""
-    return next((os.environ[name] for name in JOB_ID_VARIABLES if os.environ.get(name)), None)
 
 
 @dataclass(frozen=True)
@@ -45,7 +37,7 @@ class StageRequest:
     store_url: str
     run_id: str
     update: int
-    stage: str
+    stage: Stage
     config_json: str
     """The run's RunConfig as JSON (a warm-up run's too: the warm-up reads its settings from it)."""
 
@@ -54,11 +46,11 @@ class StageRequest:
         return RunConfig.model_validate_json(self.config_json)
 
     @classmethod
-    def of(cls, ctx: StageContext, stage: str) -> StageRequest:
+    def of(cls, ctx: StageContext, stage: Stage) -> StageRequest:
         return cls(ctx.store.url, ctx.run_id, ctx.update, stage, ctx.config.model_dump_json())
 
     def describe(self) -> str:
-        if self.stage == DRIVER:
+        if self.stage == Stage.DRIVER:
             return f"the driver of run {self.run_id}"
         return f"stage {self.stage} of update {self.update} of run {self.run_id}"
 
@@ -90,37 +82,37 @@ class DriverRunner(Protocol):
     resident: bool
 
     def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
-        """`request` names the DRIVER pseudo-stage of update 0; `ctx` is the waiting process's."""
+        """`request` names the Stage.DRIVER pseudo-stage of update 0; `ctx` is the waiting process's."""
         ...
 
 
-def execute_stage(ctx: StageContext, stage: str) -> None:
-    """One attempt at a stage, in this process: the stage function, recorded in the store.
+def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) -> None:
+    """One attempt at a stage, in this process: the stage function, recorded in the store with the id of
+    the job it runs in (None outside a job; the job wrapper in slurm/ hands it over).
 
-    The record is written as "running" before the stage starts (so an attempt killed outright is still
-    visible, with its job id, host and pid) and replaced with its outcome when it ends: committed,
-    lost-race (another attempt committed first: its commit is the truth), preempted, or failed.
+    The record is written as running before the stage starts (so an attempt killed outright is still
+    visible, with its job id, host and pid) and replaced with its AttemptOutcome when it ends.
     """
     store, run_id, update = ctx.store, ctx.run_id, ctx.update
     record: dict[str, Any] = {
-        "job_id": current_job_id(),
+        "job_id": job_id,
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "start": now(),
-        "outcome": "running",
+        "outcome": AttemptOutcome.RUNNING,
     }
     attempt = store.record_attempt(run_id, update, stage, record)
     ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
     try:
         STAGES[stage](ctx)
-        record["outcome"] = "committed"
+        record["outcome"] = AttemptOutcome.COMMITTED
     except AlreadyCommitted:
-        record["outcome"] = "lost-race"
+        record["outcome"] = AttemptOutcome.LOST_RACE
     except Preempted:
-        record["outcome"] = "preempted"
+        record["outcome"] = AttemptOutcome.PREEMPTED
         raise
     except BaseException as exc:
-        record["outcome"] = f"failed: {type(exc).__name__}: {exc}"[:500]
+        record.update(outcome=AttemptOutcome.FAILED, error=f"{type(exc).__name__}: {exc}"[:500])
         raise
     finally:
         record.update(ctx.attempt_notes, end=now())
@@ -129,17 +121,19 @@ def execute_stage(ctx: StageContext, stage: str) -> None:
 
 class InlineRunner:
     """Runs each stage in the driver's own process (the default: demos, tests, one machine, and at scale
-    the whole driver inside one allocation), keeping the engines resident from stage to stage."""
+    the whole driver inside one allocation, whose job id `job_id` its attempts record), keeping the engines
+    resident from stage to stage."""
 
     resident = True
 
-    def __init__(self) -> None:
+    def __init__(self, job_id: str | None = None) -> None:
         self.engines = ResidentEngines()
+        self.job_id = job_id
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         ctx.engines = self.engines
         try:
-            execute_stage(ctx, request.stage)
+            execute_stage(ctx, request.stage, self.job_id)
         except BaseException:
             self.engines.clear()  # the stage may have left an engine half-changed
             raise

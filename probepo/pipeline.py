@@ -21,7 +21,8 @@ from probepo import __version__
 from probepo.config import NOT_RECIPE, RunConfig
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
 from probepo.preemption import Preempted, StopFlag
-from probepo.schedule import DRIVER, stages_for_update
+from probepo.presets import ConfigError
+from probepo.schedule import Stage, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
@@ -103,7 +104,7 @@ def train(
     store = store or open_store(config.store)
     runner = runner or InlineRunner()
     if config.checkpoint_every > 1 and not runner.resident:
-        raise ValueError(
+        raise ConfigError(
             f"checkpoint_every = {config.checkpoint_every} needs engines that stay resident from update to"
             " update, and this executor starts a job per stage (each would replay every update since the"
             " last full checkpoint): use `--executor resident` (the driver as one SLURM job) or `inline`,"
@@ -170,7 +171,7 @@ def _drive_in_a_job(
     flag = StopFlag()
     with flag.installed(), tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch:
         ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop=flag)
-        runner.run_driver(StageRequest.of(ctx, DRIVER), ctx)
+        runner.run_driver(StageRequest.of(ctx, Stage.DRIVER), ctx)
     tell(f"run {run_id} is complete ({config.num_updates} updates)")
 
 
@@ -278,7 +279,7 @@ def extend_run(store: ArtifactStore, run_id: str, updates: int) -> dict[str, Any
     bitwise what they were (prompts and seeds derive from (seed, update), never from the horizon)."""
     current = recorded_updates(store, run_id)
     if updates <= current:
-        raise ValueError(
+        raise ConfigError(
             f"--updates {updates}: run {run_id} already trains {current} updates; a run can only be"
             f" extended (N > {current}), never shortened"
         )

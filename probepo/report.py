@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probepo.schedule import EVAL_RESULTS, EVALUATE, TRAINING_STAGES
+from probepo.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
 from probepo.stats import mean_and_stderr
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet
@@ -102,7 +102,7 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
 def _gain_stderr(store: ArtifactStore, run_id: str, evaluated: list[int]) -> float:
     """Standard error (points) of last − first evaluation accuracy, per problem paired; NaN with fewer
     than two evaluations."""
-    files = [store.read_stage(run_id, update, EVALUATE) for update in evaluated[:1] + evaluated[-1:]]
+    files = [store.read_stage(run_id, update, Stage.EVALUATE) for update in evaluated[:1] + evaluated[-1:]]
     if len(evaluated) < 2 or any(EVAL_RESULTS not in f for f in files):  # benchmark evaluations: per suite
         return math.nan
     first, last = (table_from_parquet(f[EVAL_RESULTS])["correct"] for f in files)

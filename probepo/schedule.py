@@ -5,26 +5,41 @@ Plain integers in, stage names out, and no heavy imports: reading where a run st
 
 from __future__ import annotations
 
-TRAINING_STAGES = ("sample", "score", "select", "probe", "advantage", "optimize")
+from enum import StrEnum
+
+
+class Stage(StrEnum):
+    """Every stage's name, as the store's keys, the ledger, job records and execution profiles spell it."""
+
+    WARMUP = "warmup"
+    """The single stage of a warm-up run (its own run in the store, shared by the runs that start from it)."""
+    CHECKPOINT = "checkpoint"
+    """Policy k in full at update k (the store lays it out under checkpoints/<k>/)."""
+    EVALUATE = "evaluate"
+    SAMPLE = "sample"
+    SCORE = "score"
+    SELECT = "select"
+    PROBE = "probe"
+    ADVANTAGE = "advantage"
+    OPTIMIZE = "optimize"
+    DRIVER = "driver"
+    """Not a stage: the one job of the resident executor, which runs the driver itself (every stage left,
+    the engines resident) inside one allocation. Its job records sit with update 0's."""
+
+
+TRAINING_STAGES = (Stage.SAMPLE, Stage.SCORE, Stage.SELECT, Stage.PROBE, Stage.ADVANTAGE, Stage.OPTIMIZE)
 """The stages of one update, in order."""
-CHECKPOINT = "checkpoint"
-EVALUATE = "evaluate"
 EVAL_RESULTS = "eval.parquet"
 """The evaluate stage's per-problem table (what reports read back)."""
-WARMUP = "warmup"
-"""The single stage of a warm-up run (its own run in the store, shared by the runs that start from it)."""
-DRIVER = "driver"
-"""Not a stage: the one job of the resident executor, which runs the driver itself (every stage left, the
-engines resident) inside one allocation. Its job records sit with update 0's."""
 
 
-def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[str]:
+def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[Stage]:
     """The stages the driver runs for update k: checkpoint 0 first (k = 0; later checkpoints come from
     optimize), an evaluation of policy k when due (every `eval_every` updates and after the last), then
     training (not after the last update, where only the final evaluation runs)."""
-    stages = [CHECKPOINT] if update == 0 else []
+    stages = [Stage.CHECKPOINT] if update == 0 else []
     if update % eval_every == 0 or update == num_updates:
-        stages.append(EVALUATE)
+        stages.append(Stage.EVALUATE)
     if update < num_updates:
         stages.extend(TRAINING_STAGES)
     return stages

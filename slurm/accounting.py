@@ -9,11 +9,14 @@ committed is the store's to say, never the scheduler's.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from probepo.errors import ExecutionError
 
 ALIVE = frozenset(
     {
@@ -30,13 +33,17 @@ ALIVE = frozenset(
         "SUSPENDED",
     }
 )
+DEFAULT_MAX_ARRAY_SIZE = 1001
+"""SLURM's default MaxArraySize (indices 0..1000)."""
 START_GRACE_S = 120.0
 """A job submitted this recently and not yet in accounting or the queue counts as pending."""
 START_HINT = 'start the test cluster with `eval "$(bash infra/slurm/start.sh)"` (infra/slurm/README.md)'
 
 
-class SlurmUnavailable(RuntimeError):
+class SlurmUnavailable(ExecutionError):
     """No SLURM here, or its controller does not answer: nothing can be submitted."""
+
+    user_error = True
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,13 @@ def check_slurm() -> None:
         raise SlurmUnavailable(
             f"slurmctld is not answering (`scontrol ping`: {said[-1] if said else 'no output'}): {START_HINT}"
         )
+
+
+def max_array_size() -> int:
+    """The cluster's MaxArraySize (`scontrol show config`): an array's indices must stay below it."""
+    shown = _run(["scontrol", "show", "config"]).stdout
+    found = re.search(r"^MaxArraySize\s*=\s*(\d+)", shown, re.MULTILINE)
+    return int(found.group(1)) if found else DEFAULT_MAX_ARRAY_SIZE
 
 
 def _base_id(job_id: str) -> str:

@@ -1,22 +1,30 @@
-"""Submitting a stage as a job through submitit, and asking after it: SLURM (sbatch) or the local
-executor (a subprocess per stage). A backend submits, reports states, cancels, and reads a job's stderr."""
+"""Backends: how jobs are submitted and asked after, through submitit: SLURM (sbatch) or the local executor
+(a subprocess per job). A backend submits a stage's job or an array of small ones, reports job states and
+exit codes, cancels, reads a job's stderr, and names the environment variable in which a running job
+finds its own id. The executor registry (executors.py) pairs each executor with its backend.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
+import subprocess
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from probepo.config import ExecutionProfile, StageResources
+from probepo.errors import ExecutionError
 from probepo.execution import StageRequest
 from slurm import accounting
 from slurm.accounting import JobInfo
 
-JobFunction = Callable[[StageRequest], str]
-"""What a job runs: `run_stage_job` (one stage) or `run_driver_job` (the resident executor's driver)."""
+JobFunction = Callable[[StageRequest, str], str]
+"""What a job runs, given the stage request and the name of the environment variable that holds the job's
+id (the backend's `job_id_variable`): `run_stage_job` (one stage) or `run_driver_job` (the resident
+executor's driver). Returns a JobOutcome."""
 
 TRANSIENT_SBATCH = (
     "Socket timed out",
@@ -26,39 +34,65 @@ TRANSIENT_SBATCH = (
     "Zero Bytes were transmitted",
 )
 """sbatch refusals that say nothing about the request: worth submitting again after a pause."""
-SUBMIT_TRIES = 4
 
 
-class SubmitRefused(RuntimeError):
+class SubmitRefused(ExecutionError):
     """The scheduler refused the request itself (an impossible resource, an unknown partition): retrying
     cannot help. Names the stage, the resources asked for and the scheduler's reason."""
 
+    user_error = True
 
-class SubmitFailed(RuntimeError):
-    """Submitting kept failing for reasons of the infrastructure (the controller busy or unreachable)."""
+
+class SubmitTransient(ExecutionError):
+    """One submission failed for a reason of the infrastructure (the controller busy or unreachable): the
+    job runner submits again after a pause."""
+
+
+class SubmitFailed(ExecutionError):
+    """Submitting kept failing for reasons of the infrastructure, try after try."""
+
+    user_error = True
 
 
 class Backend(Protocol):
     name: str
+    job_id_variable: str
+    """The environment variable in which a running job of this backend finds its own id."""
 
     def check(self) -> None:
-        """Fail fast (naming what is missing and how to start it) if nothing can be submitted."""
+        """Fail fast (SlurmUnavailable, naming what is missing and how to start it) if nothing can be
+        submitted."""
         ...
 
     def submit(
         self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
     ) -> str:
-        """Submit `function(request)` as a job; returns its id."""
+        """Submit `function(request, job_id_variable)` as one job; returns its id. Raises SubmitRefused
+        when the request itself is refused, SubmitTransient when the infrastructure failed this time."""
         ...
 
-    def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]: ...
+    def submit_arrays(
+        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+    ) -> list[list[Any]]:
+        """Submit `function(item)` for every item, as job arrays as large as the scheduler allows; returns
+        each array's submitit jobs (`job_id`, `wait()`, `result()`), in item order."""
+        ...
+
+    def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
+        """Each job's state, exit code and node (`submitted_at`: when each was submitted, epoch seconds,
+        so a job not yet visible to the scheduler counts as pending)."""
+        ...
 
     def cancel(self, job_ids: Iterable[str]) -> None: ...
 
+    def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
+        """The last lines of the job's stderr (task 0)."""
+        ...
 
-def stderr_tail(folder: Path, job_id: str, lines: int = 15) -> str:
-    """The last lines of a job's stderr (task 0), read with retries: on a shared file system the file may
-    appear a moment after the job ends."""
+
+def submitit_stderr_tail(folder: Path, job_id: str, lines: int = 15) -> str:
+    """The last lines of a submitit job's stderr (task 0), read with retries: on a shared file system the
+    file may appear a moment after the job ends."""
     from submitit.core.utils import JobPaths
 
     path = JobPaths(folder, job_id=job_id, task_id=0).stderr
@@ -92,6 +126,7 @@ class SlurmBackend:
     stage leaks into the next), with only the profile's allowed variables exported to the job."""
 
     name = "slurm"
+    job_id_variable = "SLURM_JOB_ID"
 
     def __init__(self, profile: ExecutionProfile) -> None:
         self.profile = profile
@@ -124,28 +159,38 @@ class SlurmBackend:
         parameters.update({key: value for key, value in optional.items() if value is not None})
         return parameters
 
+    def _executor(self, folder: Path, job_name: str, resources: StageResources) -> Any:
+        import submitit
+
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        executor.update_parameters(**self.parameters(job_name, resources))
+        return executor
+
     def submit(
         self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
     ) -> str:
-        import submitit
         from submitit.core.utils import FailedJobError
 
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
-        executor.update_parameters(**self.parameters(_job_name(request), resources))
-        for attempt in range(SUBMIT_TRIES):
-            try:
-                return str(executor.submit(function, request).job_id)
-            except FailedJobError as exc:
-                reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no message"
-                if not any(marker in reason for marker in TRANSIENT_SBATCH):
-                    raise SubmitRefused(
-                        f"sbatch refused {request.describe()}: {reason} (asked for {_asked(resources)}); fix"
-                        f" the execution profile's `stages.{request.stage}` or `defaults`"
-                    ) from None
-                if attempt == SUBMIT_TRIES - 1:
-                    raise SubmitFailed(f"sbatch kept failing for {request.describe()}: {reason}") from None
-                time.sleep(2.0 * (attempt + 1))
-        raise AssertionError("unreachable")
+        executor = self._executor(folder, _job_name(request), resources)
+        try:
+            return str(executor.submit(function, request, self.job_id_variable).job_id)
+        except FailedJobError as exc:
+            reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else "no message"
+            if any(marker in reason for marker in TRANSIENT_SBATCH):
+                raise SubmitTransient(f"sbatch: {reason}") from None
+            raise SubmitRefused(
+                f"sbatch refused {request.describe()}: {reason} (asked for {_asked(resources)}); fix the"
+                f" execution profile's `stages.{request.stage}` or `defaults`"
+            ) from None
+
+    def submit_arrays(
+        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+    ) -> list[list[Any]]:
+        arrays = []  # all submitted before any wait: the scheduler sees the whole night at once
+        for part in chunks(len(items), accounting.max_array_size()):
+            executor = self._executor(folder, folder.name, resources)
+            arrays.append(executor.map_array(function, [items[i] for i in part]))
+        return arrays
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
         return accounting.job_states(job_ids, submitted_at)
@@ -153,47 +198,92 @@ class SlurmBackend:
     def cancel(self, job_ids: Iterable[str]) -> None:
         accounting.cancel(job_ids)
 
+    def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
+        return submitit_stderr_tail(folder, job_id, lines)
+
+
+def chunks(count: int, size: int) -> list[range]:
+    """Item indices in runs of at most `size` (one job array each)."""
+    return [range(start, min(start + size, count)) for start in range(0, count, size)]
+
 
 def _asked(resources: StageResources) -> str:
     given = resources.model_dump(exclude_defaults=True)
     return ", ".join(f"{key}={value}" for key, value in given.items()) or "the defaults"
 
 
+def _local_executor_class() -> type:
+    """submitit's LocalExecutor, keeping each job's controller process: its exit code is the job's.
+
+    submitit's public `LocalJob.state` says FINISHED whatever the exit code, and the process it polls is a
+    private attribute; so jobs are started here through submitit's `_submit_command`, the hook its executor
+    plugins implement, with its public `start_controller`, and the process is kept by the backend."""
+    import submitit
+    from submitit.local.local import LocalJob, start_controller
+
+    class ControllerKeepingExecutor(submitit.LocalExecutor):
+        processes: dict[str, subprocess.Popen[bytes]]
+
+        def _submit_command(self, command: str) -> LocalJob[Any]:
+            tasks = self.parameters.get("tasks_per_node", 1)
+            process = start_controller(
+                folder=self.folder,
+                command=command,
+                tasks_per_node=tasks,
+                timeout_min=self.parameters.get("timeout_min", 2.0),
+                signal_delay_s=self.parameters.get("signal_delay_s", 30),
+            )
+            self.processes[str(process.pid)] = process
+            job_id = str(process.pid)
+            return LocalJob(folder=self.folder, job_id=job_id, process=process, tasks=list(range(tasks)))
+
+    return ControllerKeepingExecutor
+
+
 class LocalBackend:
-    """submitit's LocalExecutor: a subprocess per stage on this machine (job id = its controller's pid).
-    A job started by a driver that died is still watched, through /proc."""
+    """submitit's LocalExecutor: a subprocess per job on this machine (job id = its controller's pid). A
+    job started by a driver that died is still watched, through /proc (its exit code is then unknown)."""
 
     name = "local"
+    job_id_variable = "SUBMITIT_LOCAL_JOB_ID"
 
     def __init__(self, profile: ExecutionProfile) -> None:
         self.profile = profile
-        self._jobs: dict[str, object] = {}  # submitit LocalJobs of this process: polling them reaps them
+        self._processes: dict[str, subprocess.Popen[bytes]] = {}  # this process's jobs: polling reaps them
 
     def check(self) -> None:
         """Nothing to check: the local executor needs no service."""
 
+    def _executor(self, folder: Path, **parameters: object) -> Any:
+        executor = _local_executor_class()(folder=folder)
+        executor.processes = self._processes
+        executor.update_parameters(**parameters)
+        return executor
+
     def submit(
         self, request: StageRequest, resources: StageResources, folder: Path, function: JobFunction
     ) -> str:
-        import submitit
-
-        executor = submitit.LocalExecutor(folder=folder)
-        executor.update_parameters(
+        executor = self._executor(
+            folder,
             timeout_min=resources.time_min,
             signal_delay_s=resources.signal_grace_s,
             tasks_per_node=resources.tasks_per_node,
         )
         with _environment(self.profile.exported(dict(os.environ))):
-            job = executor.submit(function, request)
-        self._jobs[str(job.job_id)] = job
-        return str(job.job_id)
+            return str(executor.submit(function, request, self.job_id_variable).job_id)
+
+    def submit_arrays(
+        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+    ) -> list[list[Any]]:
+        executor = self._executor(folder, timeout_min=resources.time_min)  # one task per item
+        return [executor.map_array(function, list(items))]
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
         states = {}
         for job_id in job_ids:
-            job = self._jobs.get(job_id)
-            if job is not None:
-                code = job._process.poll()  # type: ignore[attr-defined]
+            process = self._processes.get(job_id)
+            if process is not None:
+                code = process.poll()
                 alive = code is None
             else:
                 code, alive = None, _process_alive(int(job_id))
@@ -204,7 +294,10 @@ class LocalBackend:
     def cancel(self, job_ids: Iterable[str]) -> None:
         for job_id in job_ids:
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(job_id), 15)
+                os.kill(int(job_id), signal.SIGTERM)
+
+    def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
+        return submitit_stderr_tail(folder, job_id, lines)
 
 
 def _process_alive(pid: int) -> bool:
@@ -214,11 +307,3 @@ def _process_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def backend_for(executor: str, profile: ExecutionProfile) -> Backend:
-    if executor == "slurm":
-        return SlurmBackend(profile)
-    if executor == "local":
-        return LocalBackend(profile)
-    raise ValueError(f"executor {executor!r}: choose inline, local or slurm")

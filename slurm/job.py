@@ -22,16 +22,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from probepo.execution import LockstepRunner, StageRequest, current_job_id, execute_stage, follow_stages
+from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
-from probepo.store import AlreadyCommitted, ArtifactStore
+from probepo.schedule import Stage
+from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome
 from slurm.ranks import Ranks, job_ranks
 
-REQUEUED = "requeued"
-PREEMPTED = "preempted"
-COMMITTED = "committed"
-CANCELLED = "cancelled"
-DISTRIBUTED_STAGES = ("score", "optimize")
+DISTRIBUTED_STAGES = (Stage.SCORE, Stage.OPTIMIZE)
 """The stages on the trainer engine, which run on every rank of a multi-task job."""
 
 
@@ -61,33 +58,35 @@ def requeue_self() -> bool:
     return True
 
 
-def run_stage_job(request: StageRequest) -> str:
-    """Run one stage in this job; returns `committed` (also when an earlier run of the job committed it).
-    A preempted stage requeues its SLURM job and exits with PREEMPTED_EXIT, or ends `preempted` locally.
+def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
+    """Run one stage in this job, whose id is in the environment variable `job_id_variable` (the
+    backend's); returns COMMITTED (also when an earlier run of the job committed it). A preempted stage
+    requeues its SLURM job and exits with PREEMPTED_EXIT, or ends PREEMPTED locally.
 
     In a multi-task job the trainer's stages (score, optimize: DeepSpeed over the job's ranks) run on
     every rank, in one process group, sharing a scratch folder on the node; rank 0 records the attempt
     and commits. Other stages run on rank 0 alone (the other ranks end at once)."""
     flag = _install_stop_flag()
+    job_id = os.environ.get(job_id_variable)
     ranks = job_ranks()
     ranks.export()
     if ranks.world_size > 1 and request.stage in DISTRIBUTED_STAGES:
         one_node(ranks, request.describe())
-        return _run_distributed(request, flag, ranks.rank)
+        return _run_distributed(request, flag, ranks.rank, job_id)
     if ranks.rank != 0:
-        return COMMITTED
+        return JobOutcome.COMMITTED
     from probepo.store import open_store
 
     store = open_store(request.store_url)
     if store.committed(request.run_id, request.update, request.stage):
-        return COMMITTED
+        return JobOutcome.COMMITTED
     cancellations = len(store.cancellations(request.run_id))
     with tempfile.TemporaryDirectory(prefix=f"probepo-{request.run_id}-") as scratch:
         try:
-            execute_stage(request.context(store, Path(scratch), flag), request.stage)
+            execute_stage(request.context(store, Path(scratch), flag), request.stage, job_id)
         except Preempted as exc:
-            return _preempted(store, request, cancellations, exc)
-    return COMMITTED
+            return _preempted(store, request, cancellations, exc, job_id)
+    return JobOutcome.COMMITTED
 
 
 def one_node(ranks: Ranks, what: str) -> None:
@@ -100,7 +99,7 @@ def one_node(ranks: Ranks, what: str) -> None:
         )
 
 
-def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
+def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: str | None) -> JobOutcome:
     """A trainer stage on every rank of this job (see run_stage_job)."""
     from probepo import distributed
     from probepo.stages.runners import STAGES
@@ -109,7 +108,7 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
     store = open_store(request.store_url)
     distributed.join()
     # the ranks of one node share its scratch (each rank's optimizer shard is committed from there)
-    scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{current_job_id()}"
+    scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{job_id}"
     cancellations = len(store.cancellations(request.run_id))
     preempted = None
     try:
@@ -119,7 +118,7 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
             scratch.mkdir(parents=True, exist_ok=True)
             ctx = request.context(store, scratch, distributed.agreed(flag))
             if rank == 0:
-                execute_stage(ctx, request.stage)  # records a lost race as such
+                execute_stage(ctx, request.stage, job_id)  # records a lost race as such
             else:
                 STAGES[request.stage](ctx)
     except AlreadyCommitted:
@@ -135,17 +134,21 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int) -> str:
         shutil.rmtree(scratch, ignore_errors=True)
     distributed.leave()
     if preempted is None:
-        return COMMITTED
-    return _preempted(store, request, cancellations, preempted) if rank == 0 else PREEMPTED
+        return JobOutcome.COMMITTED
+    if rank == 0:
+        return _preempted(store, request, cancellations, preempted, job_id)
+    return JobOutcome.PREEMPTED
 
 
-def run_driver_job(request: StageRequest) -> str:
+def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     """Run the driver of `request`'s run in this job (the resident executor): every stage left, inline,
-    the engines resident; returns `committed` once the run is complete. Preempted, it requeues as a
+    the engines resident, each attempt recording the job's id (from `job_id_variable`); returns COMMITTED
+    once the run is complete. Preempted, it requeues as a
     stage job does (the driver's own stop flag catches USR2 and SIGTERM). In a multi-task job every rank
     runs every stage in lockstep (LockstepRunner on rank 0, follow_stages on the others), so DeepSpeed
     shards the trainer over the job's ranks."""
     flag = _install_stop_flag()  # submitit's handlers off until the driver installs its own
+    job_id = os.environ.get(job_id_variable)
     ranks = job_ranks()
     ranks.export()
     from probepo import distributed
@@ -159,32 +162,34 @@ def run_driver_job(request: StageRequest) -> str:
         if ranks.rank != 0:
             follow_stages(request, flag)
             distributed.leave()
-            return COMMITTED
-    runner = LockstepRunner() if lockstep else None
+            return JobOutcome.COMMITTED
+    runner = LockstepRunner(job_id) if lockstep else InlineRunner(job_id)
     store = open_store(request.store_url)
     cancellations = len(store.cancellations(request.run_id))
     say = lambda line: print(line, flush=True)  # noqa: E731
     try:
         train(request.config, request.run_id, store=store, say=say, runner=runner)
     except Preempted as exc:
-        if runner is not None:
+        if isinstance(runner, LockstepRunner):
             runner.finish()
             distributed.leave()
-        return _preempted(store, request, cancellations, exc)
-    if runner is not None:
+        return _preempted(store, request, cancellations, exc, job_id)
+    if isinstance(runner, LockstepRunner):
         runner.finish()
         distributed.leave()
-    return COMMITTED
+    return JobOutcome.COMMITTED
 
 
-def _preempted(store: ArtifactStore, request: StageRequest, cancellations: int, exc: Preempted) -> str:
+def _preempted(
+    store: ArtifactStore, request: StageRequest, cancellations: int, exc: Preempted, job_id: str | None
+) -> JobOutcome:
     """After a preemption: requeue this SLURM job and exit with PREEMPTED_EXIT, unless the run was
     cancelled since the job started (scancel's SIGTERM); outside SLURM, end `preempted`."""
     print(f"probepo: {exc}", file=sys.stderr, flush=True)
     if len(store.cancellations(request.run_id)) > cancellations:
         print(f"probepo: run {request.run_id} was cancelled: no requeue", file=sys.stderr)
-        return CANCELLED
+        return JobOutcome.CANCELLED
     if requeue_self():
-        print(f"probepo: requeued job {current_job_id()}", file=sys.stderr, flush=True)
+        print(f"probepo: requeued job {job_id}", file=sys.stderr, flush=True)
         sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
-    return PREEMPTED
+    return JobOutcome.PREEMPTED

@@ -21,18 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from probepo.config import ExecutionProfile
-from probepo.execution import InlineRunner, StageRequest, StageRunner, now
+from probepo.errors import ExecutionError
+from probepo.execution import StageRequest, now
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
-from probepo.store import ArtifactStore
+from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome
 from slurm.accounting import JobInfo
-from slurm.backends import Backend, JobFunction, backend_for, stderr_tail
+from slurm.backends import Backend, JobFunction, SubmitFailed, SubmitTransient
 from slurm.job import run_driver_job, run_stage_job
 
-EXECUTORS = ("inline", "local", "slurm", "resident")
+SUBMIT_TRIES = 4
+"""Submissions of one job before a run of transient refusals (SubmitTransient) becomes SubmitFailed."""
 
 
-class StageFailed(RuntimeError):
+class StageFailed(ExecutionError):
     """A stage's job ended without committing and will not be submitted again: its own error, or it died
     more often than the profile allows. Names the job id, its state, exit code and the tail of its stderr."""
 
@@ -69,27 +71,29 @@ class JobRunner:
             wait = functools.partial(self._wait, store, request, job, ctx)
             info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
             if self._finished(store, request):
-                self._close(store, request, job, info, "committed")
+                self._close(store, request, job, info, JobOutcome.COMMITTED)
                 return
-            outcome = self._job_outcome(store, request, job["job_id"])
-            tail = stderr_tail(Path(job["folder"]), job["job_id"])
+            attempt = self._last_attempt(store, request, job["job_id"])
+            said = AttemptOutcome.of(attempt) if attempt else None
+            tail = self.backend.stderr_tail(Path(job["folder"]), job["job_id"])
             where = (
                 f"{request.describe()}: job {job['job_id']} ended {info.state}"
                 f"{f' (exit {info.exit_code})' if info.exit_code else ''}"
             )
-            if outcome.startswith("failed"):
-                self._close(store, request, job, info, outcome)
-                raise StageFailed(f"{where}, the stage {outcome}; end of its stderr:\n{tail}")
-            if outcome != "preempted":  # died without committing (or never started): submit again
+            if said == AttemptOutcome.FAILED:
+                error = AttemptOutcome.error_of(attempt)
+                self._close(store, request, job, info, JobOutcome.FAILED, error=error)
+                raise StageFailed(f"{where}, the stage failed: {error}; end of its stderr:\n{tail}")
+            if said != AttemptOutcome.PREEMPTED:  # died without committing (or never started): submit again
                 died += 1
-                self._close(store, request, job, info, "died")
+                self._close(store, request, job, info, JobOutcome.DIED)
                 if died > self.profile.max_resubmits:
                     raise StageFailed(
                         f"{where} without committing, {died} times in a row (max_resubmits ="
                         f" {self.profile.max_resubmits}); end of its stderr:\n{tail}"
                     )
             else:
-                self._close(store, request, job, info, "preempted")
+                self._close(store, request, job, info, JobOutcome.PREEMPTED)
             job = None
 
     def open_jobs(self, store: ArtifactStore, run_id: str) -> list[dict[str, Any]]:
@@ -97,7 +101,7 @@ class JobRunner:
         return [
             record
             for record in store.jobs(run_id)
-            if record.get("outcome") == "open" and record.get("executor") == self.backend.name
+            if record.get("outcome") == JobOutcome.OPEN and record.get("executor") == self.backend.name
         ]
 
     def cancel_jobs(self, store: ArtifactStore, run_id: str, jobs: list[dict[str, Any]]) -> None:
@@ -106,7 +110,7 @@ class JobRunner:
         if jobs:
             self.backend.cancel([str(record["job_id"]) for record in jobs])
         for record in jobs:
-            closed = {**record, "outcome": "cancelled", "ended_at": now()}
+            closed = {**record, "outcome": JobOutcome.CANCELLED, "ended_at": now()}
             store.record_job(
                 run_id, record["update"], record["stage"], closed, submission_id=record["submission_id"]
             )
@@ -123,7 +127,7 @@ class JobRunner:
             if r.get("executor") == self.backend.name
         ]
         # An open record whose job has ended since is judged like any other ending, by `run`.
-        job = records[-1] if records and records[-1].get("outcome") == "open" else None
+        job = records[-1] if records and records[-1].get("outcome") == JobOutcome.OPEN else None
         cancelled = [datetime.fromisoformat(c["at"]).timestamp() for c in store.cancellations(request.run_id)]
         if job is not None and cancelled and max(cancelled) >= job.get("submitted_epoch", 0.0):
             # the run was cancelled while this job was in flight, and its canceller died before ending it
@@ -134,7 +138,18 @@ class JobRunner:
     def _submit(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any]:
         folder = Path(self.profile.job_folder).resolve() / request.run_id
         resources = self.profile.resources(request.stage)
-        job_id = self.backend.submit(request, resources, folder, self.job_function)
+        for attempt in range(1, SUBMIT_TRIES + 1):
+            try:
+                job_id = self.backend.submit(request, resources, folder, self.job_function)
+                break
+            except SubmitTransient as exc:
+                if attempt == SUBMIT_TRIES:
+                    raise SubmitFailed(
+                        f"submitting {request.describe()} failed {SUBMIT_TRIES} times for reasons of the"
+                        f" scheduler, the last: {exc}; check the cluster's state (sinfo, scontrol ping) and"
+                        " resume the run"
+                    ) from None
+                time.sleep(self.profile.submit_retry_s * attempt)
         self.submissions += 1
         job: dict[str, Any] = {
             "executor": self.backend.name,
@@ -145,7 +160,7 @@ class JobRunner:
             "submitted_at": now(),
             "submitted_epoch": time.time(),
             "resources": resources.model_dump(mode="json"),
-            "outcome": "open",
+            "outcome": JobOutcome.OPEN,
         }
         job["submission_id"] = store.record_job(request.run_id, request.update, request.stage, job)
         return job
@@ -170,21 +185,25 @@ class JobRunner:
             time.sleep(self.profile.poll_s)
 
     @staticmethod
-    def _job_outcome(store: ArtifactStore, request: StageRequest, job_id: str) -> str:
-        """What the job's last attempt at the stage said: committed, preempted, failed: ..., or `none`
-        (it never reported, or was killed while running)."""
+    def _last_attempt(store: ArtifactStore, request: StageRequest, job_id: str) -> dict[str, Any] | None:
+        """The job's last attempt record at the stage (None: it never reported)."""
         said = [
             a
             for a in store.attempts(request.run_id, request.update, request.stage)
             if str(a.get("job_id")) == job_id
         ]
-        outcome = str(said[-1].get("outcome", "")) if said else ""
-        return outcome if outcome.split(":")[0] in ("committed", "preempted", "failed") else "none"
+        return said[-1] if said else None
 
     def _close(
-        self, store: ArtifactStore, request: StageRequest, job: dict[str, Any], info: JobInfo, outcome: str
+        self,
+        store: ArtifactStore,
+        request: StageRequest,
+        job: dict[str, Any],
+        info: JobInfo,
+        outcome: JobOutcome,
+        **notes: str,
     ) -> None:
-        job.update(state=info.state, exit_code=info.exit_code, outcome=outcome, ended_at=now())
+        job.update(state=info.state, exit_code=info.exit_code, outcome=outcome, ended_at=now(), **notes)
         self._record(store, request, job)
 
     @staticmethod
@@ -218,24 +237,12 @@ class DriverJobRunner(JobRunner):
         return resume_point(store, request.run_id, request.config).done
 
     @staticmethod
-    def _job_outcome(store: ArtifactStore, request: StageRequest, job_id: str) -> str:
-        """What the job's last stage attempt said, if it failed or was preempted; else `none` (the job
-        died, or ended between two stages without finishing the run: it is submitted again)."""
+    def _last_attempt(store: ArtifactStore, request: StageRequest, job_id: str) -> dict[str, Any] | None:
+        """The job's last attempt at any stage (the driver runs them all). A committed one does not count:
+        a job that ended between two stages without finishing the run died, and is submitted again."""
         said = [a for a in store.attempts(request.run_id) if str(a.get("job_id")) == job_id]
-        outcome = str(max(said, key=lambda a: str(a.get("start", ""))).get("outcome", "")) if said else ""
-        return outcome if outcome.split(":")[0] in ("preempted", "failed") else "none"
-
-
-def make_runner(executor: str, profile: ExecutionProfile | None = None) -> StageRunner:
-    """The stage runner of an executor: `inline` (this process), `local` (a subprocess per stage through
-    submitit's LocalExecutor), `slurm` (a SLURM job per stage) or `resident` (the driver as one SLURM job
-    that runs every stage, DriverJobRunner); checks first that it can submit."""
-    if executor == "inline":
-        return InlineRunner()
-    profile = profile or ExecutionProfile()
-    backend = backend_for("slurm" if executor == "resident" else executor, profile)
-    backend.check()
-    return (DriverJobRunner if executor == "resident" else JobRunner)(backend, profile)
+        last = max(said, key=lambda a: str(a.get("start", ""))) if said else None
+        return None if last is None or AttemptOutcome.of(last) == AttemptOutcome.COMMITTED else last
 
 
 JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome")

@@ -9,26 +9,11 @@ from __future__ import annotations
 
 import fnmatch
 import re
-from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from probepo.config.base import Strict
-from probepo.schedule import CHECKPOINT, DRIVER, EVALUATE, TRAINING_STAGES, WARMUP
-
-Stage = Literal[
-    "warmup",
-    "checkpoint",
-    "evaluate",
-    "sample",
-    "score",
-    "select",
-    "probe",
-    "advantage",
-    "optimize",
-    "driver",
-]
-assert set(Stage.__args__) == {WARMUP, CHECKPOINT, EVALUATE, *TRAINING_STAGES, DRIVER}  # type: ignore[attr-defined]
+from probepo.schedule import Stage
 
 DEFAULT_ENV_ALLOW = (
     "PATH",
@@ -136,6 +121,10 @@ class ExecutionProfile(Strict):
 
     poll_s: float = Field(1.0, gt=0)
     """Seconds between the driver's polls of its jobs' states (one batched sacct call per poll)."""
+
+    submit_retry_s: float = Field(2.0, ge=0)
+    """A submission the scheduler refused for a passing reason (controller busy or unreachable) is tried
+    again after this many seconds times the number of tries so far, 4 tries in all."""
 
     @field_validator("env_allow")
     @classmethod

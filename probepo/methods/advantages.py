@@ -22,6 +22,7 @@ from probepo.algo.advantage import (
 from probepo.algo.spo_tree import spo_token_advantages, spo_tree_advantages
 from probepo.algo.tree import leaf_ancestors
 from probepo.algo.treepo import treepo_advantages, treepo_normalize
+from probepo.schedule import Stage
 from probepo.stages.common import LOSS_MASK, PIVOTS, SCORES, VALUES, Rollouts, read_tensors, read_tree
 from probepo.stages.context import StageContext
 
@@ -73,7 +74,7 @@ def leave_one_out(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tens
 def spo_tree(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
     """SPO-tree: one row per edge, every token with the edge's advantage, masked and whitened (§SPO-tree)."""
     algo = ctx.config.algo
-    tree, scores = read_tree(ctx), read_tensors(ctx, "score", SCORES)
+    tree, scores = read_tree(ctx), read_tensors(ctx, Stage.SCORE, SCORES)
     edges = tree["parent"] >= 0
     edge_adv = spo_tree_advantages(
         tree["parent"], tree["depth"], _node_rewards(tree, rollouts), adv=algo.spo_adv
@@ -117,7 +118,8 @@ def treepo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], di
 
 def _probed(ctx: StageContext) -> tuple[Tensor, Tensor]:
     """The update's pivots [N, M] (select) and their prefix values [N, M] (probe)."""
-    return read_tensors(ctx, "select", PIVOTS)["pivot_pos"], read_tensors(ctx, "probe", VALUES)["values"]
+    pivots = read_tensors(ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
+    return pivots, read_tensors(ctx, Stage.PROBE, VALUES)["values"]
 
 
 def _per_response(

@@ -13,14 +13,12 @@ from torch import Tensor
 
 from probepo.algo.advantage import group_stats
 from probepo.algo.pivots import random_pivots, select_pivots, step_candidates, window_max
+from probepo.schedule import Stage
 from probepo.stages.common import SCORES, Rollouts, read_tensors, task_of
 from probepo.stages.context import StageContext
 
 PivotRule = Callable[[StageContext, Rollouts], Tensor]
 """(context of update k, its rollouts) -> [N, M] long pivot positions, -1 = none."""
-
-SELECT = "select"
-"""The stage whose seed the random-placement ablation draws from."""
 
 
 def no_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
@@ -37,10 +35,10 @@ def budgeted_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
     mask = rollouts.mask
     eligible = eligible_rows(rollouts, algo.probe_uniform_groups)
     if algo.selector == "random":
-        generator = torch.Generator().manual_seed(ctx.seed(SELECT))
+        generator = torch.Generator().manual_seed(ctx.seed(Stage.SELECT))
         chosen = random_pivots(mask, rollouts.group, max_pivots=algo.max_pivots, generator=generator)
         return torch.where(eligible[:, None], chosen, -1)
-    entropy = read_tensors(ctx, "score", SCORES)["entropy"]
+    entropy = read_tensors(ctx, Stage.SCORE, SCORES)["entropy"]
     score = window_max(entropy, mask, window=algo.entropy_window)
     candidates = step_candidates(_step_ends(ctx, rollouts), mask, margin=algo.margin) & eligible[:, None]
     return select_pivots(

@@ -7,6 +7,7 @@ from collections.abc import Callable
 
 import torch
 
+from probepo.schedule import Stage
 from probepo.stages.common import Rollouts, TrainingRows, read_tree
 from probepo.stages.context import StageContext
 from probepo.stages.trees import Forest, Sample, spo_tree, treepo
@@ -14,9 +15,6 @@ from probepo.stages.trees import Forest, Sample, spo_tree, treepo
 TreeGrower = Callable[[StageContext, Forest, Sample], None]
 """(context of update k, the update's forest of roots, the engine call) -> None: grows every prompt's tree
 in place."""
-
-SAMPLE = "sample"
-"""The stage whose seed TreePO's restarts draw from."""
 
 
 def grow_spo_tree(ctx: StageContext, forest: Forest, sample: Sample) -> None:
@@ -26,7 +24,7 @@ def grow_spo_tree(ctx: StageContext, forest: Forest, sample: Sample) -> None:
 
 def grow_treepo(ctx: StageContext, forest: Forest, sample: Sample) -> None:
     """TreePO's adaptive steps (§TreePO 1–4), its restarts' cuts drawn from the stage's seed."""
-    treepo(forest, sample, ctx.config.algo, torch.Generator().manual_seed(ctx.seed(SAMPLE, "restarts")))
+    treepo(forest, sample, ctx.config.algo, torch.Generator().manual_seed(ctx.seed(Stage.SAMPLE, "restarts")))
 
 
 def edge_rows(ctx: StageContext, rollouts: Rollouts) -> TrainingRows:

@@ -4,11 +4,12 @@ probepo.methods.advantages) and their diagnostics."""
 from __future__ import annotations
 
 from probepo.methods import method_for
+from probepo.schedule import Stage
 from probepo.stages.common import ADVANTAGES, Rollouts
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
 
-STAGE = "advantage"
+STAGE = Stage.ADVANTAGE
 
 
 def run(ctx: StageContext) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from probepo.engines.base import TrainBatch
 from probepo.methods import method_for
+from probepo.schedule import Stage
 from probepo.stages.common import ADVANTAGES, LOSS_MASK, SCORES, Rollouts, TrainingRows, read_tensors
 from probepo.stages.context import StageContext
 
@@ -18,8 +19,8 @@ def training_batch(ctx: StageContext) -> TrainBatch:
     """Update k's training data as committed: the training rows, their old log-probs and token advantages.
     Where the advantage stage committed a loss mask (spo_tree), the rows it leaves empty are dropped."""
     rows = training_rows(ctx, Rollouts.read(ctx))
-    old_logp = read_tensors(ctx, "score", SCORES)["logp"]
-    advantages = read_tensors(ctx, "advantage", ADVANTAGES)
+    old_logp = read_tensors(ctx, Stage.SCORE, SCORES)["logp"]
+    advantages = read_tensors(ctx, Stage.ADVANTAGE, ADVANTAGES)
     loss_mask = advantages.get(LOSS_MASK)
     if loss_mask is None:
         return TrainBatch(rows.prompts, rows.responses, old_logp, advantages["advantages"])

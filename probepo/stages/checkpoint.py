@@ -10,12 +10,13 @@ from typing import Any
 
 from probepo.engines.base import TrainerEngine
 from probepo.models.gpt import load_model
+from probepo.schedule import Stage
 from probepo.stages import warmup
-from probepo.stages.common import CHECKPOINT, policy_files
+from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.stages.policy import keep_trainer, model_dtype, new_trainer
 
-STAGE = CHECKPOINT
+STAGE = Stage.CHECKPOINT
 
 
 def _from_warmup(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:

@@ -14,6 +14,8 @@ from torch import Tensor
 from probepo.config import SamplingConfig
 from probepo.data import Problem, Task, build_task
 from probepo.engines.base import SamplingParams
+from probepo.presets import ConfigError
+from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 
@@ -29,9 +31,6 @@ ADVANTAGES = "advantages.safetensors"
 LOSS_MASK = "loss_mask"
 """The tensor of ADVANTAGES that, where present, marks the tokens in the loss (spo_tree's probability
 mask)."""
-CHECKPOINT = "checkpoint"
-"""The stage that holds policy k in full at update k (the store lays it out under checkpoints/<k>/)."""
-OPTIMIZE = "optimize"
 
 
 def task_of(ctx: StageContext) -> Task:
@@ -53,7 +52,7 @@ def response_budget(sampling: SamplingConfig, prompt_len: int, rescue_len: int =
         return sampling.max_tokens
     room = sampling.context - prompt_len - rescue_len
     if room < 1:
-        raise ValueError(
+        raise ConfigError(
             f"sampling.context = {sampling.context} leaves no room for a response after a {prompt_len}-token"
             f" prompt (and {rescue_len} rescue tokens): raise sampling.context or shorten the prompts"
         )
@@ -95,7 +94,7 @@ class Rollouts:
 
     @classmethod
     def read(cls, ctx: StageContext) -> Rollouts:
-        table = table_from_parquet(ctx.read("sample")[ROLLOUTS])
+        table = table_from_parquet(ctx.read(Stage.SAMPLE)[ROLLOUTS])
         return cls(
             group=torch.tensor(np.asarray(table["group"]), dtype=torch.long),
             prompts=[list(map(int, p)) for p in table["prompt_ids"]],
@@ -130,7 +129,7 @@ def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
 def read_tree(ctx: StageContext) -> dict[str, Tensor]:
     """The update's trees (tree baselines) as [Nn] long node arrays: group, parent, depth, row (the leaf's
     rollout row, -1 elsewhere) and the node's segment as span [start, end) of rollout row span_row."""
-    table = table_from_parquet(ctx.read("sample")[TREE])
+    table = table_from_parquet(ctx.read(Stage.SAMPLE)[TREE])
     return {
         name: torch.tensor(np.asarray(table[name], dtype=np.int64))
         for name in ("group", "parent", "depth", "row", "span_row", "start", "end")

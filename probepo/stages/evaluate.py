@@ -16,14 +16,14 @@ from dataclasses import dataclass
 
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
-from probepo.schedule import EVAL_RESULTS, EVALUATE
+from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
-STAGE = EVALUATE
+STAGE = Stage.EVALUATE
 RESULTS = EVAL_RESULTS
 HELDOUT = "heldout"
 """The suite of a run's own eval split (its `eval` settings); every other suite is a benchmark."""

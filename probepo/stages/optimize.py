@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from probepo.engines.trainer import combine_metrics
 from probepo.preemption import Preempted
-from probepo.schedule import full_checkpoint
+from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
-from probepo.stages.common import CHECKPOINT, OPTIMIZE, policy_files
+from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.stages.policy import (
     DIGEST,
@@ -28,7 +28,7 @@ from probepo.stages.policy import (
     weights_digest,
 )
 
-STAGE = OPTIMIZE
+STAGE = Stage.OPTIMIZE
 
 
 def part_name(minibatch: int) -> str:
@@ -41,7 +41,7 @@ def _metrics(part_summary: dict) -> dict[str, float]:
 
 
 def run(ctx: StageContext) -> None:
-    following = ctx.store.marker(ctx.run_id, ctx.update + 1, CHECKPOINT)
+    following = ctx.store.marker(ctx.run_id, ctx.update + 1, Stage.CHECKPOINT)
     if following is not None:  # policy k + 1 is committed: only this stage's summary is missing
         ctx.attempt_notes["minibatches_run"] = 0
         ctx.commit(STAGE, {}, _metrics(following["summary"]))
@@ -78,7 +78,7 @@ def run(ctx: StageContext) -> None:
     if full:
         folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
         engine.save(folder)
-        ctx.commit(CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
+        ctx.commit(Stage.CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
         ctx.commit(STAGE, {}, summary)
     else:
         ctx.commit(STAGE, {}, {**summary, DIGEST: weights_digest(engine.weights())})

@@ -29,8 +29,8 @@ from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
+from probepo.schedule import Stage
 from probepo.stages.batch import training_batch
-from probepo.stages.common import CHECKPOINT, OPTIMIZE
 from probepo.stages.context import StageContext
 
 FETCHED = ".fetched"
@@ -70,7 +70,7 @@ def at_update(ctx: StageContext, update: int) -> StageContext:
     return replace(ctx, update=update)
 
 
-def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
+def fetch_policy(ctx: StageContext, stage: str = Stage.CHECKPOINT) -> Path:
     """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k, in
     full) into scratch, every file of its commit; returns its folder. The ranks of a distributed stage share
     the scratch of their node: rank 0 downloads, the others wait."""
@@ -88,7 +88,7 @@ def fetch_policy(ctx: StageContext, stage: str = CHECKPOINT) -> Path:
 def latest_full_checkpoint(ctx: StageContext) -> int:
     """The latest update c <= k whose policy is committed in full."""
     entries = ctx.store.ledger_entries(ctx.run_id)
-    full = [u for u, stages in entries.items() if u <= ctx.update and CHECKPOINT in stages]
+    full = [u for u, stages in entries.items() if u <= ctx.update and Stage.CHECKPOINT in stages]
     if not full:
         raise RuntimeError(f"run {ctx.run_id} has no committed checkpoint at or before update {ctx.update}")
     return max(full)
@@ -158,7 +158,7 @@ def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
 def replay_optimize(ctx: StageContext, engine: TrainerEngine) -> bool:
     """Redo update k's committed optimize stage on `engine` (policy k): the same batch and seed, so it
     makes policy k + 1 again. Returns whether its weights match the digest optimize committed."""
-    marker = ctx.store.marker(ctx.run_id, ctx.update, OPTIMIZE)
+    marker = ctx.store.marker(ctx.run_id, ctx.update, Stage.OPTIMIZE)
     if marker is None:
         raise RuntimeError(
             f"policy {ctx.update + 1} of run {ctx.run_id} does not exist: the run has not committed update"
@@ -169,7 +169,7 @@ def replay_optimize(ctx: StageContext, engine: TrainerEngine) -> bool:
             f"policy {ctx.update + 1} of run {ctx.run_id} cannot be restored: its checkpoint is missing and"
             f" update {ctx.update}'s optimize stage committed no weight digest to replay it against"
         )
-    engine.train_step(training_batch(ctx), seed=ctx.seed(OPTIMIZE))
+    engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
     return weights_digest(engine.weights()) == marker["summary"][DIGEST]
 
 
@@ -239,7 +239,7 @@ def generation_engine(ctx: StageContext) -> GenerationEngine:
     weights: Path | dict[str, Tensor]
     if engines is not None and engines.trainer is not None and engines.trainer_policy == ctx.update:
         weights = engines.trainer.weights()
-    elif ctx.store.committed(ctx.run_id, ctx.update, CHECKPOINT):
+    elif ctx.store.committed(ctx.run_id, ctx.update, Stage.CHECKPOINT):
         weights = fetch_policy(ctx)
     else:
         weights = trainer_engine(ctx).weights()  # a replay, whose trainer stays resident for the next stages

@@ -12,6 +12,7 @@ import torch
 
 from probepo.algo.advantage import group_stats, shrink_values
 from probepo.methods import method_for
+from probepo.schedule import Stage
 from probepo.stages.common import (
     PIVOTS,
     VALUES,
@@ -26,13 +27,13 @@ from probepo.stages.policy import generation_engine
 from probepo.stages.shards import continue_in_shards
 from probepo.store.formats import tensors_to_bytes
 
-STAGE = "probe"
+STAGE = Stage.PROBE
 
 
 def run(ctx: StageContext) -> None:
     algo = ctx.config.algo
     rollouts = Rollouts.read(ctx)
-    pivots = read_tensors(ctx, "select", PIVOTS)["pivot_pos"]
+    pivots = read_tensors(ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
     successes = torch.zeros(pivots.shape, dtype=torch.float64)
     trials = torch.zeros(pivots.shape, dtype=torch.float64)
     rescued = torch.zeros(pivots.shape, dtype=torch.float64)

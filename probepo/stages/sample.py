@@ -13,6 +13,7 @@ from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
 from probepo.methods import method_for
 from probepo.methods.trees import TreeGrower
+from probepo.schedule import Stage
 from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
@@ -20,7 +21,7 @@ from probepo.stages.shards import continue_in_shards
 from probepo.stages.trees import Forest
 from probepo.store.formats import table_to_parquet
 
-STAGE = "sample"
+STAGE = Stage.SAMPLE
 
 
 def _sample_trees(

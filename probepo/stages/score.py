@@ -4,13 +4,14 @@ logits divided by the sampling temperature."""
 
 from __future__ import annotations
 
+from probepo.schedule import Stage
 from probepo.stages.batch import training_rows
 from probepo.stages.common import SCORES, Rollouts
 from probepo.stages.context import StageContext
 from probepo.stages.policy import trainer_engine
 from probepo.store.formats import tensors_to_bytes
 
-STAGE = "score"
+STAGE = Stage.SCORE
 
 
 def run(ctx: StageContext) -> None:

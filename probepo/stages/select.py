@@ -6,11 +6,12 @@ from __future__ import annotations
 from torch import Tensor
 
 from probepo.methods import method_for
+from probepo.schedule import Stage
 from probepo.stages.common import PIVOTS, Rollouts
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
 
-STAGE = "select"
+STAGE = Stage.SELECT
 
 
 def choose_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:

@@ -17,10 +17,11 @@ from probepo.data.task import WARMUP_CHECK_STREAM
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.sft import accuracy, sft_steps
 from probepo.models.gpt import GPT, save_model
+from probepo.schedule import Stage
 from probepo.stages.common import sampling_params, task_of
 from probepo.stages.context import StageContext, derive_seed
 
-STAGE = "warmup"
+STAGE = Stage.WARMUP
 MODEL_FILES = ("model.safetensors", "config.json")
 KEY_FIELDS = ("task", "model", "sampling", "warmup")
 """The parts of a run's config that determine its warm-up checkpoint."""

@@ -27,15 +27,18 @@ from probepo.store.errors import (
 from probepo.store.lease import Lease, acquire_lease, read_lease
 from probepo.store.ledger import Ledger, ResumePoint
 from probepo.store.maintenance import GcReport, VerifyReport
+from probepo.store.records import AttemptOutcome, JobOutcome
 from probepo.store.store import ArtifactStore, StageFiles
 
 __all__ = [
     "AlreadyCommitted",
     "ArtifactStore",
+    "AttemptOutcome",
     "CorruptArtifact",
     "FormatError",
     "GcReport",
     "InvalidKey",
+    "JobOutcome",
     "Lease",
     "LeaseHeld",
     "LeaseLost",

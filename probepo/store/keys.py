@@ -10,6 +10,7 @@ import re
 import uuid
 from datetime import UTC, datetime
 
+from probepo.schedule import Stage
 from probepo.store.errors import InvalidKey
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -17,7 +18,6 @@ _STAGE = re.compile(r"[a-z0-9][a-z0-9._-]{0,127}")
 _FILE_PART = re.compile(r"[A-Za-z0-9_=+@,-][A-Za-z0-9._=+@,-]{0,254}")
 _ATTEMPT = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 MAX_KEY_LENGTH = 1024
-CHECKPOINT_STAGE = "checkpoint"
 
 
 def utc_now() -> str:
@@ -155,7 +155,7 @@ class RunLayout:
 
     def attempt_dir(self, k: int, name: str, attempt_id: str) -> str:
         """The folder of one attempt's files; checkpoints sit under checkpoints/<k>/ as DESIGN.md lays out."""
-        if stage(name) == CHECKPOINT_STAGE:
+        if stage(name) == Stage.CHECKPOINT:
             return f"{self.root}checkpoints/{update(k):06d}/{attempt(attempt_id)}/"
         return f"{self.root}updates/{update(k):06d}/{name}/{attempt(attempt_id)}/"
 

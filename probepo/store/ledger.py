@@ -6,9 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from probepo.schedule import WARMUP, stages_for_update
-from probepo.store.keys import CHECKPOINT_STAGE
+from probepo.schedule import Stage, stages_for_update
 from probepo.store.lease import holder_is_dead, read_lease
+from probepo.store.records import AttemptOutcome
 from probepo.store.store import ArtifactStore
 
 
@@ -54,7 +54,7 @@ class Ledger:
 
     def latest_checkpoint(self) -> int | None:
         """The highest update with a committed `checkpoint` stage, or None."""
-        with_checkpoint = [update for update, stages in self.entries().items() if CHECKPOINT_STAGE in stages]
+        with_checkpoint = [update for update, stages in self.entries().items() if Stage.CHECKPOINT in stages]
         return max(with_checkpoint, default=None)
 
     def stage_order(self) -> tuple[Callable[[int], Sequence[str]], int] | None:
@@ -64,7 +64,7 @@ class Ledger:
         config = self.store.read_run(self.run_id).get("config")
         try:
             if "num_updates" not in config:
-                return (lambda update: [WARMUP]), 1
+                return (lambda update: [Stage.WARMUP]), 1
             extended = [int(e["to"]) for e in self.store.extensions(self.run_id)]
             updates = max([int(config["num_updates"]), *extended])
             every = int(config.get("eval", {}).get("every", 1))
@@ -134,8 +134,10 @@ class Ledger:
             by_stage.setdefault((record.get("update", 0), record.get("stage", "")), []).append(record)
 
         def outcome(record: dict) -> str:
-            said = str(record.get("outcome", "unknown")).split(":")[0]
-            if said != "running":
+            said = AttemptOutcome.of(record)
+            if said is None:
+                return "unknown"
+            if said != AttemptOutcome.RUNNING:
                 return said
             key = (record.get("update", 0), record.get("stage", ""))
             superseded = record is not by_stage[key][-1] or key[1] in entries.get(key[0], [])

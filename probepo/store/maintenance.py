@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from probepo.store import keys
+from probepo.schedule import Stage
 from probepo.store.errors import CorruptArtifact, NotCommitted, ObjectMissing, StoreError
 from probepo.store.formats import from_json_bytes, to_json_bytes
 from probepo.store.keys import RunLayout, new_attempt_id, utc_now
@@ -143,7 +143,7 @@ class Maintenance:
         if parts[0] == "updates" and len(parts) >= 5 and parts[1].isdigit():
             return layout.root + "/".join(parts[:4]) + "/", int(parts[1]), parts[2]
         if parts[0] == "checkpoints" and len(parts) >= 4 and parts[1].isdigit():
-            return layout.root + "/".join(parts[:3]) + "/", int(parts[1]), keys.CHECKPOINT_STAGE
+            return layout.root + "/".join(parts[:3]) + "/", int(parts[1]), Stage.CHECKPOINT
         return None
 
     def gc(self, run_id: str, *, min_age_s: float = DEFAULT_GC_MIN_AGE_S, dry_run: bool = False) -> GcReport:

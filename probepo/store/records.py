@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from probepo.store import keys
@@ -19,6 +20,53 @@ if TYPE_CHECKING:
     from probepo.store.objects import ObjectStore
 
 log = logging.getLogger("probepo.store")
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt at a stage ended: its record's `outcome` (a failure's error is in its `error`)."""
+
+    RUNNING = "running"
+    """Not ended: still running, or killed outright before it could say."""
+    COMMITTED = "committed"
+    LOST_RACE = "lost-race"
+    """Another attempt committed first; its commit is the truth."""
+    PREEMPTED = "preempted"
+    """Stopped at a safe point, its progress committed."""
+    FAILED = "failed"
+    """The stage's own error: the job is not submitted again."""
+
+    @classmethod
+    def of(cls, record: Mapping[str, Any]) -> AttemptOutcome | None:
+        """The outcome an attempt record states (None if it states none). Records written before the
+        outcome and the error were two fields say `failed: <error>`."""
+        said = str(record.get("outcome", ""))
+        if said.startswith(f"{cls.FAILED}: "):
+            return cls.FAILED
+        try:
+            return cls(said)
+        except ValueError:
+            return None
+
+    @staticmethod
+    def error_of(record: Mapping[str, Any]) -> str:
+        """A failed attempt's error, as its record states it."""
+        said = str(record.get("outcome", ""))
+        return str(record.get("error") or said.removeprefix(f"{AttemptOutcome.FAILED}: "))
+
+
+class JobOutcome(StrEnum):
+    """What the driver made of one job it submitted: its record's `outcome` (and what a job function
+    returns, for the ones a job can say itself)."""
+
+    OPEN = "open"
+    """No driver has seen it end (pending, running, or ended unseen): a restarted driver re-attaches."""
+    COMMITTED = "committed"
+    FAILED = "failed"
+    """Its stage failed with its own error."""
+    DIED = "died"
+    """Ended without committing or saying why (killed, node failure, out of memory, time limit)."""
+    PREEMPTED = "preempted"
+    CANCELLED = "cancelled"
 
 
 class RunRecords:

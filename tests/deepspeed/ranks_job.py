@@ -125,8 +125,8 @@ def replay_optimize_on_ranks(
     from probepo import distributed
     from probepo.config import RunConfig
     from probepo.engines.deepspeed_engine import shard_name
+    from probepo.schedule import Stage
     from probepo.stages.batch import training_batch
-    from probepo.stages.common import OPTIMIZE
     from probepo.stages.context import StageContext
     from probepo.stages.policy import at_update, fetch_policy, restore_trainer
     from probepo.store import open_store
@@ -135,7 +135,7 @@ def replay_optimize_on_ranks(
     config = RunConfig.model_validate_json(config_json)
     ctx = StageContext(open_store(store_url), run_id, update, config, Path(scratch))
     engine = restore_trainer(ctx)
-    engine.train_step(training_batch(ctx), seed=ctx.seed(OPTIMIZE))
+    engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
     committed = fetch_policy(at_update(ctx, update + 1))
     shard = load_file(committed / f"{shard_name(distributed.rank(), distributed.world_size())}.safetensors")
     mine = {k: v for k, v in engine.state().tensors.items() if k.startswith("optim.")}

@@ -25,7 +25,7 @@ from probepo.execution import StageRequest
 from probepo.faults import CRASH_ENV
 from probepo.stages.context import StageContext
 from probepo.store import open_store
-from slurm.runner import make_runner
+from slurm import make_runner
 from tests.deepspeed.ranks_job import replay_on_two_local_ranks
 from tests.hf.tiny_qwen import qwen_config
 

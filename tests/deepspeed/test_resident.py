@@ -13,7 +13,7 @@ from probepo.config import ExecutionProfile, StageResources
 from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
 from probepo.store import open_store
-from slurm.runner import make_runner
+from slurm import make_runner
 from tests.deepspeed.ranks_job import replay_on_two_local_ranks
 from tests.hf.tiny_qwen import qwen_config
 

@@ -23,14 +23,14 @@ pytestmark = [
 
 
 def test_two_nightly_runs_evaluate_each_checkpoint_exactly_once(tmp_path, profile_path, monkeypatch):
-    import slurm.arrays
+    import slurm.accounting
     from flows.evaluate import nightly_eval
 
     store = open_store(tmp_path / "store")
     ensure_warmup(drill_config(), store)
     for seed, run_id in enumerate(("night-a", "night-b")):
         train(drill_config(store=store.url, seed=seed), run_id, store=store)
-    monkeypatch.setattr(slurm.arrays, "max_array_size", lambda: 3)  # 4 pairs: arrays of 3 and 1
+    monkeypatch.setattr(slurm.accounting, "max_array_size", lambda: 3)  # 4 pairs: arrays of 3 and 1
 
     first = nightly_eval(store.url, executor="slurm", profile=str(profile_path), return_state=True)
     assert first.is_completed(), first.message

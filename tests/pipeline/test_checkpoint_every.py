@@ -21,6 +21,7 @@ from probepo import execution
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.execution import StageRequest
 from probepo.pipeline import train
+from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.policy import DIGEST
 from probepo.store import ArtifactStore
@@ -71,10 +72,10 @@ class StageSpy:
         self.generation_calls: list[tuple[int, str]] = []
         original_execute, original_continue = execution.execute_stage, TorchGenerationEngine.continue_from
 
-        def execute(ctx: StageContext, stage: str) -> None:
+        def execute(ctx: StageContext, stage: Stage, job_id: str | None = None) -> None:
             self.current = (ctx.update, stage)
             try:
-                original_execute(ctx, stage)
+                original_execute(ctx, stage, job_id)
             finally:
                 self.current = None
 

@@ -8,7 +8,8 @@ import pytest
 from probepo.evaluations import EvaluationRequest, evaluate_checkpoint, missing
 from probepo.pipeline import train
 from probepo.stages.warmup import warmup_run_id
-from slurm.arrays import chunks, run_array
+from slurm.arrays import run_array
+from slurm.backends import chunks
 from tests.pipeline.conftest import tiny_config
 
 

@@ -1,0 +1,88 @@
+"""The executors, as one registry: where the stages of a run go, by the name users give (`--executor`,
+the flows' `executor` parameter). A new executor is one entry here and, if it submits jobs somewhere
+new, one backend (backends.py); nothing else names executors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from probepo.config import ExecutionProfile
+from probepo.errors import ExecutionError
+from probepo.execution import InlineRunner, StageRunner
+from slurm.backends import Backend, LocalBackend, SlurmBackend
+from slurm.runner import DriverJobRunner, JobRunner
+
+
+@dataclass(frozen=True)
+class Executor:
+    """One way of running a run's stages."""
+
+    about: str
+    """What it does, for help texts."""
+    backend: Callable[[ExecutionProfile], Backend] | None
+    """Where its jobs go; None: it runs everything in this process."""
+    runner: Callable[[Backend | None, ExecutionProfile], StageRunner]
+    """Its stage runner, given its backend (checked already) and the execution profile."""
+    arrays: bool = True
+    """It can run many small jobs at once (the nightly evaluation's arrays)."""
+
+    @property
+    def in_process(self) -> bool:
+        """It runs everything in the calling process (no jobs)."""
+        return self.backend is None
+
+
+EXECUTORS: dict[str, Executor] = {
+    "inline": Executor("this process", None, lambda backend, profile: InlineRunner()),
+    "local": Executor(
+        "a subprocess per stage (submitit's LocalExecutor)",
+        LocalBackend,
+        lambda backend, profile: JobRunner(backend, profile),
+    ),
+    "slurm": Executor(
+        "a SLURM job per stage", SlurmBackend, lambda backend, profile: JobRunner(backend, profile)
+    ),
+    "resident": Executor(
+        "one SLURM job runs the driver and every stage, engines resident: what checkpoint_every > 1 needs",
+        SlurmBackend,
+        lambda backend, profile: DriverJobRunner(backend, profile),
+        arrays=False,
+    ),
+}
+
+ExecutorName = Literal[tuple(EXECUTORS)]  # type: ignore[valid-type]
+"""Any executor's name: the flows' `executor` parameter (a choice in the UI form)."""
+ArrayExecutorName = Literal[tuple(name for name, e in EXECUTORS.items() if e.arrays)]  # type: ignore[valid-type]
+"""The executors that run job arrays: the evaluation flows' `executor` parameter."""
+
+
+class UnknownExecutor(ExecutionError):
+    user_error = True
+
+
+def executor_for(name: str, *, arrays: bool = False) -> Executor:
+    """The executor named `name` (one that runs arrays if `arrays`); an unknown name is refused, naming the
+    choices."""
+    choices = [n for n, e in EXECUTORS.items() if e.arrays or not arrays]
+    if name not in choices:
+        raise UnknownExecutor(f"executor {name!r}: choose one of {', '.join(choices)}")
+    return EXECUTORS[name]
+
+
+def make_runner(name: str, profile: ExecutionProfile | None = None) -> StageRunner:
+    """The stage runner of the executor `name`; checks first that it can submit (SlurmUnavailable)."""
+    executor = executor_for(name)
+    profile = profile or ExecutionProfile()
+    backend = None
+    if executor.backend is not None:
+        backend = executor.backend(profile)
+        backend.check()
+    return executor.runner(backend, profile)
+
+
+def executor_help() -> str:
+    """One line per executor, for --help."""
+    return "; ".join(f"{name} ({executor.about})" for name, executor in EXECUTORS.items())

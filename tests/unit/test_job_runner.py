@@ -1,0 +1,142 @@
+"""The job runner's decisions on a scripted backend (tests/unit/fake_backend.py), each in well under a
+second: transient refusals retried, then SubmitFailed; a job that died submitted again up to
+max_resubmits, then StageFailed naming the job; a stage's own failure never resubmitted; a requeued job
+waited on; a restarted driver re-attaching; a cancel. The same runner on the real cluster:
+tests/slurm/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from probepo.config import ExecutionProfile, RunConfig
+from probepo.execution import StageRequest
+from probepo.schedule import Stage
+from probepo.stages.context import StageContext
+from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, open_store
+from slurm.backends import SubmitFailed, SubmitRefused, SubmitTransient
+from slurm.runner import SUBMIT_TRIES, DriverStopped, JobRunner, StageFailed
+from tests.unit.fake_backend import ERROR, FakeBackend, Poll, committing, job, killed
+
+RUN = "fake-run"
+PROFILE = ExecutionProfile(poll_s=0.001, submit_retry_s=0, max_resubmits=2)
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> ArtifactStore:
+    return open_store(tmp_path / "store")
+
+
+def _stage(store: ArtifactStore, tmp_path: Path, stop: bool = False) -> tuple[StageRequest, StageContext]:
+    config = RunConfig()
+    ctx = StageContext(store, RUN, 3, config, tmp_path, should_stop=lambda: stop)
+    return StageRequest.of(ctx, Stage.SAMPLE), ctx
+
+
+def _outcomes(store: ArtifactStore) -> list[str]:
+    return [record["outcome"] for record in store.jobs(RUN, 3, Stage.SAMPLE)]
+
+
+def test_a_committing_job_is_submitted_once_and_recorded(store, tmp_path):
+    backend = FakeBackend(store, [committing()])
+    runner = JobRunner(backend, PROFILE)
+    runner.run(*_stage(store, tmp_path))
+    assert runner.submissions == 1 and store.committed(RUN, 3, Stage.SAMPLE)
+    [record] = store.jobs(RUN, 3, Stage.SAMPLE)
+    assert (record["outcome"], record["state"], record["executor"]) == ("committed", "COMPLETED", "fake")
+
+
+def test_transient_refusals_are_retried_then_submit_failed(store, tmp_path):
+    flaky = [SubmitTransient("sbatch: Socket timed out on send/recv operation")] * (SUBMIT_TRIES - 1)
+    runner = JobRunner(FakeBackend(store, [*flaky, committing()]), PROFILE)
+    runner.run(*_stage(store, tmp_path))  # the last try goes through
+    assert runner.submissions == 1 and store.committed(RUN, 3, Stage.SAMPLE)
+
+    down = FakeBackend(store, [SubmitTransient("sbatch: Unable to contact slurm controller")] * SUBMIT_TRIES)
+    request, ctx = _stage(store, tmp_path)
+    request = StageRequest(request.store_url, RUN, 4, Stage.SAMPLE, request.config_json)
+    refused = rf"failed {SUBMIT_TRIES} times.*Unable to contact slurm controller"
+    with pytest.raises(SubmitFailed, match=refused):
+        JobRunner(down, PROFILE).run(request, ctx)
+    assert down.script == [] and store.jobs(RUN, 4) == []  # nothing recorded: nothing was submitted
+
+
+def test_a_refusal_is_not_retried(store, tmp_path):
+    backend = FakeBackend(store, [SubmitRefused("sbatch refused: Invalid partition name"), committing()])
+    with pytest.raises(SubmitRefused, match="Invalid partition"):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path))
+    assert len(backend.script) == 1
+
+
+def test_a_job_that_dies_is_resubmitted_up_to_max_resubmits_then_stage_failed(store, tmp_path):
+    backend = FakeBackend(store, [killed(), killed(), committing()])
+    runner = JobRunner(backend, PROFILE)
+    runner.run(*_stage(store, tmp_path))
+    assert runner.submissions == 3 and _outcomes(store) == ["died", "died", "committed"]
+
+    request, ctx = _stage(store, tmp_path)
+    request = StageRequest(request.store_url, RUN, 5, Stage.SAMPLE, request.config_json)
+    backend = FakeBackend(store, [killed() for _ in range(PROFILE.max_resubmits + 2)])
+    with pytest.raises(StageFailed) as failed:
+        JobRunner(backend, PROFILE).run(request, ctx)
+    message = str(failed.value)
+    assert (
+        "job 1002 ended FAILED (exit 0:9) without committing, 3 times in a row (max_resubmits = 2)" in message
+    )
+    assert f"stderr:\nTraceback (most recent call last):\n{ERROR}\n(stderr of fake job 1002)" in message
+    assert len(backend.jobs) == PROFILE.max_resubmits + 1 and not failed.value.user_error
+
+
+def test_a_stage_that_fails_with_its_own_error_is_not_resubmitted(store, tmp_path):
+    failing = job("RUNNING", Poll("FAILED", AttemptOutcome.FAILED, exit_code="1:0"))
+    backend = FakeBackend(store, [failing, committing()])
+    with pytest.raises(StageFailed, match=rf"job 1000 ended FAILED \(exit 1:0\), the stage failed: {ERROR}"):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path))
+    [record] = store.jobs(RUN, 3, Stage.SAMPLE)
+    assert (record["outcome"], record["error"]) == (JobOutcome.FAILED, ERROR) and len(backend.script) == 1
+
+
+def test_a_requeued_job_is_waited_on_not_resubmitted(store, tmp_path):
+    requeued = job(
+        "PENDING",
+        "RUNNING",
+        Poll("REQUEUED", AttemptOutcome.PREEMPTED),  # preempted at a safe point, back in the queue
+        "PENDING",
+        "RUNNING",
+        Poll("COMPLETED", AttemptOutcome.COMMITTED, commit=True),
+    )
+    runner = JobRunner(FakeBackend(store, [requeued]), PROFILE)
+    runner.run(*_stage(store, tmp_path))
+    assert runner.submissions == 1 and _outcomes(store) == ["committed"]
+
+
+def test_a_preempted_job_that_ended_is_submitted_again_without_counting_as_died(store, tmp_path):
+    preempted = [job("RUNNING", Poll("COMPLETED", AttemptOutcome.PREEMPTED)) for _ in range(4)]
+    runner = JobRunner(FakeBackend(store, [*preempted, committing()]), PROFILE)  # 4 > max_resubmits
+    runner.run(*_stage(store, tmp_path))
+    assert _outcomes(store) == ["preempted"] * 4 + ["committed"]
+
+
+def test_a_restarted_driver_reattaches_to_the_job_in_flight(store, tmp_path):
+    backend = FakeBackend(store, [job("PENDING", *["RUNNING"] * 3, Poll("COMPLETED", commit=True))])
+    with pytest.raises(
+        DriverStopped, match=r"job 1000 runs stage sample of update 3.*probepo resume fake-run"
+    ):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path, stop=True))
+    assert _outcomes(store) == ["open"]
+    restarted = JobRunner(backend, PROFILE)  # a new driver process, the same cluster
+    restarted.run(*_stage(store, tmp_path))
+    assert restarted.submissions == 0 and _outcomes(store) == ["committed"] and len(backend.jobs) == 1
+
+
+def test_cancel_ends_the_open_jobs_and_closes_their_records(store, tmp_path):
+    backend = FakeBackend(store, [job("RUNNING")])
+    runner = JobRunner(backend, PROFILE)
+    with pytest.raises(DriverStopped):
+        runner.run(*_stage(store, tmp_path, stop=True))
+    open_jobs = runner.open_jobs(store, RUN)
+    assert [record["job_id"] for record in open_jobs] == ["1000"]
+    runner.cancel_jobs(store, RUN, open_jobs)
+    assert backend.cancelled == ["1000"] and _outcomes(store) == ["cancelled"]
+    assert runner.open_jobs(store, RUN) == []
