@@ -59,7 +59,20 @@ class SerialiseConditionalWrites:
             return list(self._app(environ, start_response))
 
 
-def serve(port: int, *, atomic_conditionals: bool) -> None:
+class IgnoreConditionals:
+    """WSGI middleware: the precondition headers dropped from every request, as an endpoint that does not
+    implement them would (what the store's capability probe must refuse)."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]]) -> None:
+        self._app = app
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        for header in ("HTTP_IF_NONE_MATCH", "HTTP_IF_MATCH"):
+            environ.pop(header, None)
+        return self._app(environ, start_response)
+
+
+def serve(port: int, *, atomic_conditionals: bool, ignore_conditionals: bool = False) -> None:
     """Run moto's S3 server on 127.0.0.1:port until killed."""
     from moto.moto_server.werkzeug_app import (
         DomainDispatcherApplication,
@@ -71,6 +84,8 @@ def serve(port: int, *, atomic_conditionals: bool) -> None:
     app: Any = DomainDispatcherApplication(create_backend_app)
     if atomic_conditionals:
         app = SerialiseConditionalWrites(app)
+    if ignore_conditionals:
+        app = IgnoreConditionals(app)
     server = make_server("127.0.0.1", port, app, threaded=True, request_handler=MotoRequestHandler)
     server.serve_forever()
 
@@ -97,13 +112,18 @@ class S3Server:
             self.process.wait()
 
 
-def start_s3_server(*, atomic_conditionals: bool = True, timeout_s: float = 30.0) -> S3Server:
-    """Start a moto S3 server on a free loopback port and wait until it answers HTTP."""
+def start_s3_server(
+    *, atomic_conditionals: bool = True, ignore_conditionals: bool = False, timeout_s: float = 30.0
+) -> S3Server:
+    """Start a moto S3 server on a free loopback port and wait until it answers HTTP (`ignore_conditionals`:
+    one that drops If-None-Match and If-Match, as an endpoint without them would)."""
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     cmd = [sys.executable, str(Path(__file__).resolve()), "--port", str(port)]
     if not atomic_conditionals:
         cmd.append("--plain")
+    if ignore_conditionals:
+        cmd.append("--ignore-conditionals")
     process = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout_s
     while True:
@@ -146,5 +166,6 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--plain", action="store_true", help="moto as shipped: conditional writes not atomic")
+    parser.add_argument("--ignore-conditionals", action="store_true", help="drop If-None-Match and If-Match")
     args = parser.parse_args()
-    serve(args.port, atomic_conditionals=not args.plain)
+    serve(args.port, atomic_conditionals=not args.plain, ignore_conditionals=args.ignore_conditionals)

@@ -13,6 +13,7 @@ from urllib.parse import unquote, urlsplit
 from probepo.store.errors import (
     AlreadyCommitted,
     CorruptArtifact,
+    EndpointLacksConditionals,
     FormatError,
     InvalidKey,
     LeaseHeld,
@@ -35,6 +36,7 @@ __all__ = [
     "ArtifactStore",
     "AttemptOutcome",
     "CorruptArtifact",
+    "EndpointLacksConditionals",
     "FormatError",
     "GcReport",
     "InvalidKey",
@@ -60,7 +62,10 @@ __all__ = [
 
 def open_store(url: str | Path, **s3_options: Any) -> ArtifactStore:
     """Open a store: `s3://bucket/prefix` (endpoint, region, profile and credentials from the AWS settings,
-    or `endpoint_url=`, `profile=`, `region=`, `max_attempts=` here), a folder path, or a `file://` URL."""
+    or `endpoint_url=`, `profile=`, `region=`, `max_attempts=` here), a folder path, or a `file://` URL.
+    Opening contacts nothing; an S3 endpoint that ignores conditional requests is refused
+    (EndpointLacksConditionals) at the store's first conditional write, before it writes anything else
+    (store/capabilities.py)."""
     text = str(url)
     if text.startswith("s3://"):
         from probepo.store.s3 import S3ObjectStore

@@ -50,6 +50,18 @@ class CorruptArtifact(StoreError):
         )
 
 
+class EndpointLacksConditionals(StoreError):
+    """The store's endpoint does not honour the conditional requests exactly-once rests on."""
+
+    def __init__(self, where: str, lacks: list[str]) -> None:
+        self.where, self.lacks = where, lacks
+        super().__init__(
+            f"{where} cannot hold runs: {'; '.join(lacks)}. Two attempts could both commit a stage; use an"
+            " endpoint with conditional writes (AWS S3, or a gateway version that supports If-None-Match and"
+            " If-Match on PUT and DELETE)"
+        )
+
+
 class FormatError(StoreError, ValueError):
     """Bytes could not be decoded as the expected safe format (safetensors, Parquet, JSON)."""
 

@@ -37,6 +37,7 @@ from botocore.exceptions import (
     ResponseStreamingError,
 )
 
+from probepo.store.capabilities import require_conditionals
 from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
 from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned, file_digest
 
@@ -120,6 +121,9 @@ class S3ObjectStore(ObjectStore):
         except BotoCoreError as exc:  # e.g. an unknown profile
             raise StoreUnreachable(f"cannot configure S3 for bucket {bucket!r}: {exc}") from None
         self.endpoint = redact_url(self.client.meta.endpoint_url)
+        self._conditionals_lock = threading.Lock()
+        self._conditionals_verified = False
+        self._probing_thread: int | None = None
         self.transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD,
             multipart_chunksize=MULTIPART_CHUNK,
@@ -183,12 +187,28 @@ class S3ObjectStore(ObjectStore):
             self.client.upload_file(str(path), self.bucket, self._full(key), Config=self.transfer)
             return digest.result()
 
+    def _verify_conditionals(self) -> None:
+        """Before this store's first conditional request: refuse an endpoint that ignores them (probed once
+        per store, the verdict kept in it; see capabilities.py)."""
+        if self._conditionals_verified or self._probing_thread == threading.get_ident():
+            return  # verified, or the probe's own requests
+        with self._conditionals_lock:  # other threads wait for the verdict
+            if self._conditionals_verified:
+                return
+            self._probing_thread = threading.get_ident()
+            try:
+                require_conditionals(self, f"S3 endpoint {self.endpoint}, store {self.url}")
+                self._conditionals_verified = True
+            finally:
+                self._probing_thread = None
+
     def _put_conditionally(self, key: str, data: bytes, **condition: str) -> str | None:
         """A conditional PUT: the new ETag, or None when the precondition fails.
 
         If botocore retried the request (a response lost after the write landed), a 412 may be our own
         write: the object then holds exactly our bytes, and that counts as success.
         """
+        self._verify_conditionals()
         for attempt in range(CONFLICT_RETRIES):
             with self._errors("write", key):
                 try:
@@ -306,6 +326,7 @@ class S3ObjectStore(ObjectStore):
             self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
 
     def delete_if_match(self, key: str, etag: str) -> bool:
+        self._verify_conditionals()
         with self._errors("delete", key):
             try:
                 self.client.delete_object(Bucket=self.bucket, Key=self._full(key), IfMatch=etag)
