@@ -82,7 +82,7 @@ class DriverRunner(Protocol):
     resident: bool
 
     def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
-        """`request` names the Stage.DRIVER pseudo-stage of update 0; `ctx` is the waiting process's."""
+        """`request` names the driver pseudo-stage of update 0; `ctx` is the waiting process's."""
         ...
 
 

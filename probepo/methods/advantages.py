@@ -50,25 +50,26 @@ def redistributed(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tens
         weight=algo.residual_weight,
         scale=scale,
     )
-    return _per_response(rollouts, seq_adv, token_adv)
+    return _per_response(rollouts, seq_adv, token_adv, std)
 
 
 def dense_monte_carlo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
     """VinePPO's: each segment's value difference, whitened over the batch, no GRPO term (§6)."""
     algo = ctx.config.algo
     pivots, values = _probed(ctx)
-    mean, _ = group_stats(rollouts.rewards, rollouts.group)
+    mean, std = group_stats(rollouts.rewards, rollouts.group)
     seq_adv = group_advantages(  # only for the diagnostics, comparable with GRPO's
         rollouts.rewards, rollouts.group, scale=algo.advantage_scale, eps=algo.advantage_eps
     )
     token_adv = vineppo_advantages(rollouts.rewards, mean, rollouts.mask, pivots, values)
-    return _per_response(rollouts, seq_adv, token_adv)
+    return _per_response(rollouts, seq_adv, token_adv, std)
 
 
 def leave_one_out(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
     """RLOO's: the response's reward minus the mean of its group's other rewards, on every token."""
     seq_adv = rloo_advantages(rollouts.rewards, rollouts.group)
-    return _per_response(rollouts, seq_adv, torch.where(rollouts.mask, seq_adv[:, None], 0.0))
+    _, std = group_stats(rollouts.rewards, rollouts.group)
+    return _per_response(rollouts, seq_adv, torch.where(rollouts.mask, seq_adv[:, None], 0.0), std)
 
 
 def spo_tree(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
@@ -123,19 +124,19 @@ def _probed(ctx: StageContext) -> tuple[Tensor, Tensor]:
 
 
 def _per_response(
-    rollouts: Rollouts, seq_adv: Tensor, token_adv: Tensor
+    rollouts: Rollouts, seq_adv: Tensor, token_adv: Tensor, group_std: Tensor
 ) -> tuple[dict[str, Tensor], dict[str, float]]:
     """The files and diagnostics of a method with one row per response: seq_adv [N] (the per-response
-    advantage) and token_adv [N, T]; the residual is what the tokens carry beyond the broadcast seq_adv."""
+    advantage), token_adv [N, T] and group_std [N] (each response's group reward std, as the caller has
+    it); the residual is what the tokens carry beyond the broadcast seq_adv."""
     mask = rollouts.mask
-    _, std = group_stats(rollouts.rewards, rollouts.group)
     broadcast = torch.where(mask, seq_adv[:, None], 0.0)
     residual = (token_adv - broadcast)[mask].abs().mean() if mask.any() else torch.tensor(0.0)
     summary = {
         "seq_adv_abs_mean": float(seq_adv.abs().mean()),
         "token_adv_abs_mean": float(token_adv[mask].abs().mean()) if mask.any() else 0.0,
         "residual_abs_mean": float(residual),
-        "zero_signal_fraction": float((std == 0).double().mean()),
+        "zero_signal_fraction": float((group_std == 0).double().mean()),
     }
     return {"advantages": token_adv.float().contiguous()}, summary
 
