@@ -136,9 +136,17 @@ def _notes(entry: dict[str, Any]) -> list[str]:
         lines.append(
             f"\\* carried from the committed results (measured {dates}); their runs are not in this store."
         )
+    engines = sorted({arm["engine"] for arm in entry["arms"].values()})
+    if engines:
+        lines.append(
+            f"Engine of every arm in this table: {engines[0]} (see science_plan.ENGINE)."
+            if len(engines) == 1
+            else f"**Arms of different engines in one table: {', '.join(engines)}** (not comparable)."
+        )
     if entry.get("withheld"):
         arms = ", ".join(
-            f"{name} (measured {arm['measured'][:10]})" for name, arm in entry["withheld"].items()
+            f"{name} (measured {arm['measured'][:10]}, engine {arm['engine']})"
+            for name, arm in entry["withheld"].items()
         )
         lines.append(
             f"Withheld: {arms}. Their runs (kept in the results file) do not pair with this table's: they"

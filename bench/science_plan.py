@@ -17,6 +17,13 @@ GRPO_HORIZON = 4
 """The GRPO arm trains this many times the updates (ProbePO samples ~3.5× GRPO's tokens per update)."""
 PRIMARY = ("modchain-replication", "probepo", "grpo")
 
+ENGINE = "chunk-seeded"
+"""The engine the store's runs are measured on: every chunk of generation draws from its own generator,
+seeded from (stage seed, chunk index), so its bits do not depend on the number of ranks (issue 27)."""
+EARLIER_ENGINE = "carried-generator"
+"""The engine of results committed before issue 27 (one generator carried from chunk to chunk): the same
+maths, other samples. Arms of the two engines are never compared."""
+
 
 @dataclass(frozen=True)
 class Arm:
@@ -69,6 +76,13 @@ GRPO_G32 = Arm(
     "GRPO with 4× the responses per prompt (≈ ProbePO's tokens), same updates and optimizer steps",
     label="GRPO with G = 32",
 )
+RLOO = Arm(
+    "rloo",
+    {"algo.algorithm": "rloo"},
+    10,
+    "RLOO: each response's reward minus the mean of the others in its group, no std scaling",
+    cost=0.6,
+)
 SPO_TREE = Arm(
     "spo_tree",
     {"algo.algorithm": "spo_tree"},
@@ -87,10 +101,13 @@ PLAN = (
         "modchain",
         "configs/cpu-demo.yaml",
         80,
-        (GRPO_EQUAL_TOKENS, PROBEPO, VINEPPO, GRPO_G32, SPO_TREE, TREEPO),
+        (GRPO_EQUAL_TOKENS, PROBEPO, RLOO, VINEPPO, GRPO_G32, SPO_TREE, TREEPO),
     ),
     Testbed(
-        "pointer", "configs/cpu-pointer.yaml", 80, (GRPO_EQUAL_TOKENS, PROBEPO, VINEPPO, SPO_TREE, TREEPO)
+        "pointer",
+        "configs/cpu-pointer.yaml",
+        80,
+        (GRPO_EQUAL_TOKENS, PROBEPO, RLOO, VINEPPO, SPO_TREE, TREEPO),
     ),
     Testbed(
         "modchain-replication",

@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from science_plan import (
+    EARLIER_ENGINE,
+    ENGINE,
     PLANNED_EFFECT,
     ROOT,
     Arm,
@@ -102,6 +104,8 @@ class ArmResult:
     committed): how the machine's speed compared between the two measurements."""
     differs: list[int] = field(default_factory=list)
     """Seeds whose rerun in this store changed the committed curve (an arm measured anew)."""
+    engine: str = ENGINE
+    """The engine that measured the curves (science_plan.ENGINE for this store's runs)."""
 
 
 def diagnostics(store: ArtifactStore, run: str, updates: int) -> dict[str, float]:
@@ -140,6 +144,7 @@ def committed_arms(path: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]
         (testbed, name): {
             "measured": payload["date"],
             "reproduced": [],
+            "engine": EARLIER_ENGINE,
             **arm,
             "withheld": kind == "withheld",
         }
@@ -228,9 +233,17 @@ def collect(
             if before is None or len(curves) >= len(old):
                 if curves:
                     # The same runs read again keep their date; any rerun or new seed is measured today.
-                    measured = before["measured"] if before is not None and curves == old else today
+                    same = before is not None and curves == old
+                    measured = before["measured"] if same else today
                     result = ArmResult(
-                        arm, curves, _mean_diagnostics(diagnosed), measured, False, reproduced, differs
+                        arm,
+                        curves,
+                        _mean_diagnostics(diagnosed),
+                        measured,
+                        False,
+                        reproduced,
+                        differs,
+                        engine=before.get("engine", EARLIER_ENGINE) if same else ENGINE,
                     )
                     results.setdefault(testbed.name, {})[arm.name] = result
                     changed |= bool(differs) and not before.get("withheld")
@@ -241,13 +254,21 @@ def collect(
                     f" {RESULTS}: the engine's results changed, so the committed ones no longer stand; rerun"
                     f" the arm's seeds (--arms {arm.name}) and analyse with --fresh"
                 )
-            carried = ArmResult(arm, old, before["diagnostics"], before["measured"], True, reproduced)
+            carried = ArmResult(
+                arm,
+                old,
+                before["diagnostics"],
+                before["measured"],
+                True,
+                reproduced,
+                before.get("engine", EARLIER_ENGINE),
+            )
             to_carry.append((carried, before))
         from_store = list(results.get(testbed.name, {}).values())
         for carried, before in to_carry:
             other_start = any(not _same_start(result.curves, carried.curves) for result in from_store)
             if changed or before.get("withheld") or other_start:
-                record = {key: value for key, value in before.items() if key != "withheld"}
+                record = {"engine": EARLIER_ENGINE, **{k: v for k, v in before.items() if k != "withheld"}}
                 withheld.setdefault(testbed.name, {})[carried.arm.name] = record
             else:
                 results.setdefault(testbed.name, {})[carried.arm.name] = carried
@@ -308,6 +329,7 @@ def analyse(
                 "overrides": result.arm.overrides,
                 "first_seed": result.arm.first_seed,
                 "measured": result.measured,
+                "engine": result.engine,
                 "carried": result.carried,
                 "reproduced": result.reproduced,
                 "differs_from_committed": result.differs,

@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
+
+T = TypeVar("T")
 
 
 def initialized() -> bool:
@@ -34,10 +37,16 @@ TIMEOUT = timedelta(hours=1)
 barrier long after another (rank 0 records and commits; a slow shard of generation)."""
 
 
+_claims_store: dist.Store | None = None
+"""The key-value store the group rendezvoused through (rank 0 serves it): its atomic counters hand out
+work (`claimed`)."""
+
+
 def join(backend: str | None = None) -> None:
     """Join the job's process group from its rank environment (no-op if already joined). Without one (a
     single process outside any job), a group of one: DeepSpeed needs a group even on one rank. backend:
-    gloo on CPU, nccl on GPUs by default."""
+    gloo on CPU, nccl on GPUs by default (each rank on its own GPU: probepo.devices)."""
+    global _claims_store
     if initialized():
         return
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
@@ -46,13 +55,38 @@ def join(backend: str | None = None) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)
         return
     if backend == "nccl":
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-    dist.init_process_group(backend, init_method="env://", timeout=TIMEOUT)
+        from probepo.devices import gpu_index
+
+        torch.cuda.set_device(gpu_index())
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    # what init_method="env://" does, keeping the store for the work counters
+    _claims_store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=rank == 0, timeout=TIMEOUT
+    )
+    dist.init_process_group(backend, store=_claims_store, rank=rank, world_size=world, timeout=TIMEOUT)
+
+
+_destroy_process_group = dist.destroy_process_group
+"""torch's own, kept: `keep_group_from_libraries` replaces the module's."""
 
 
 def leave() -> None:
+    global _claims_store
     if initialized():
-        dist.destroy_process_group()
+        _destroy_process_group()
+    _claims_store = None
+
+
+def keep_group_from_libraries() -> None:
+    """From now on torch.distributed.destroy_process_group() without a group, as a library calls it (vLLM,
+    when an engine stops or is collected), does nothing: the job's group stays, and `leave` alone ends it.
+    With a group it still destroys that group. Idempotent."""
+
+    def destroy_subgroups_only(group: dist.ProcessGroup | None = None) -> None:
+        if group is not None:
+            _destroy_process_group(group)
+
+    dist.destroy_process_group = destroy_subgroups_only
 
 
 def barrier() -> None:
@@ -70,12 +104,42 @@ def any_rank(flag: bool) -> bool:
     return bool(value.item())
 
 
+class AgreedStop:
+    """A stop flag all ranks read together: true on every rank once it is true on any. Each call is a
+    collective, so every rank must check it at the same safe points, as ranks running one stage do; `local`
+    is the rank's own flag, for the points only some ranks reach (a rank's own chunks of generation)."""
+
+    def __init__(self, local: Callable[[], bool]) -> None:
+        self.local = local
+
+    def __call__(self) -> bool:
+        return any_rank(self.local())
+
+
 def agreed(should_stop: Callable[[], bool]) -> Callable[[], bool]:
-    """A stop flag all ranks read together: true on every rank once it is true on any (each call is a
-    collective, so every rank must check it at the same safe points, as ranks running one stage do)."""
+    """`should_stop` read by all ranks together (AgreedStop); itself on one rank."""
     if world_size() == 1:
         return should_stop
-    return lambda: any_rank(should_stop())
+    return AgreedStop(should_stop)
+
+
+def own_flag(should_stop: Callable[[], bool]) -> Callable[[], bool]:
+    """This rank's own flag behind an agreed one (no collective), or the flag itself."""
+    return should_stop.local if isinstance(should_stop, AgreedStop) else should_stop
+
+
+def claimed(items: Sequence[T]) -> Iterator[T]:
+    """The items this rank takes, each taken by exactly one rank of the group: every rank calls this with
+    the same items, and each asks a counter the group shares for the next index once it is done with the
+    last, so a rank whose items end sooner takes more. One rank: every item, in order."""
+    if world_size() == 1:
+        yield from items
+        return
+    if _claims_store is None:
+        raise RuntimeError("claiming work needs the group joined through probepo.distributed.join")
+    key = broadcast_json(f"probepo-claims/{uuid.uuid4().hex}")  # one counter per call
+    while (index := _claims_store.add(key, 1) - 1) < len(items):
+        yield items[index]
 
 
 def broadcast_json(message: Any = None) -> Any:

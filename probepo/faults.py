@@ -1,7 +1,8 @@
 """Fault points for the preemption drills: the tests kill or pause a run at a named point and resume it.
 
-A point is `<update>:<stage>:<when>` (when: before-commit | after-commit), e.g. `1:optimize.part-0000:
-after-commit`, the safe point right after the optimizer committed its first mini-batch.
+A point is `<update>:<stage>:<when>` (when: before-commit | after-commit, and for a shard of generation
+also claimed: a rank took the chunk and has not decoded it), e.g. `1:optimize.part-0000:after-commit`, the
+safe point right after the optimizer committed its first mini-batch.
 - `PROBEPO_CRASH_AT=<point>` makes the process SIGKILL itself there, exactly as a node failure would: no
   handler, no cleanup, no flush.
 - `PROBEPO_PAUSE_AT=<point>[,<point>...]` makes it stop there and wait for a preemption signal, so that a

@@ -29,6 +29,10 @@ class Stage(StrEnum):
 
 TRAINING_STAGES = (Stage.SAMPLE, Stage.SCORE, Stage.SELECT, Stage.PROBE, Stage.ADVANTAGE, Stage.OPTIMIZE)
 """The stages of one update, in order."""
+EVERY_RANK = (Stage.SAMPLE, Stage.PROBE, Stage.EVALUATE, Stage.SCORE, Stage.OPTIMIZE)
+"""The stages that run on every rank of a multi-task job: generation split in chunks over the ranks (one
+engine per GPU: stages/shards.py) and the trainer's (DeepSpeed over the ranks). The others (select,
+advantage, checkpoint 0, warm-up) are short CPU work, run by rank 0 alone."""
 EVAL_RESULTS = "eval.parquet"
 """The evaluate stage's per-problem table (what reports read back)."""
 

@@ -154,6 +154,7 @@ class SlurmBackend:
             "qos": resources.qos,
             "constraint": resources.constraint,
             "gpus_per_node": resources.gpus_per_node or None,
+            "gpus_per_task": resources.gpus_per_task or None,
             "mem": f"{int(resources.mem_gb * 1024)}M" if resources.mem_gb else None,
         }
         parameters.update({key: value for key, value in optional.items() if value is not None})

@@ -24,12 +24,9 @@ from pathlib import Path
 
 from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
-from probepo.schedule import Stage
+from probepo.schedule import EVERY_RANK
 from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome
 from slurm.ranks import Ranks, job_ranks
-
-DISTRIBUTED_STAGES = (Stage.SCORE, Stage.OPTIMIZE)
-"""The stages on the trainer engine, which run on every rank of a multi-task job."""
 
 
 def _install_stop_flag() -> StopFlag:
@@ -63,14 +60,15 @@ def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     backend's); returns COMMITTED (also when an earlier run of the job committed it). A preempted stage
     requeues its SLURM job and exits with PREEMPTED_EXIT, or ends PREEMPTED locally.
 
-    In a multi-task job the trainer's stages (score, optimize: DeepSpeed over the job's ranks) run on
-    every rank, in one process group, sharing a scratch folder on the node; rank 0 records the attempt
-    and commits. Other stages run on rank 0 alone (the other ranks end at once)."""
+    In a multi-task job the stages of EVERY_RANK run on every rank, in one process group, sharing a
+    scratch folder on the node: the generating stages split their chunks over the ranks (each rank commits
+    the shards it makes), the trainer's shard DeepSpeed over them; rank 0 records the attempt and commits
+    the stage. Other stages run on rank 0 alone (the other ranks end at once)."""
     flag = _install_stop_flag()
     job_id = os.environ.get(job_id_variable)
     ranks = job_ranks()
     ranks.export()
-    if ranks.world_size > 1 and request.stage in DISTRIBUTED_STAGES:
+    if ranks.world_size > 1 and request.stage in EVERY_RANK:
         one_node(ranks, request.describe())
         return _run_distributed(request, flag, ranks.rank, job_id)
     if ranks.rank != 0:
@@ -100,7 +98,7 @@ def one_node(ranks: Ranks, what: str) -> None:
 
 
 def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: str | None) -> JobOutcome:
-    """A trainer stage on every rank of this job (see run_stage_job)."""
+    """A stage of EVERY_RANK on every rank of this job (see run_stage_job)."""
     from probepo import distributed
     from probepo.stages.runners import STAGES
     from probepo.store import open_store

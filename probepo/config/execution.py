@@ -73,7 +73,27 @@ class StageResources(Strict):
     torch.distributed and DeepSpeed expect."""
 
     gpus_per_node: int = Field(0, ge=0)
-    """GPUs per node (sbatch --gpus-per-node); 0: none."""
+    """GPUs per node (sbatch --gpus-per-node), every one visible to every rank of the node, rank r using
+    GPU r (LOCAL_RANK): what the trainer's stages and the resident job need (DeepSpeed and NCCL's NVLink
+    paths want every GPU visible); 0: none. Give tasks_per_node the same number: one rank per GPU."""
+
+    gpus_per_task: int = Field(0, ge=0)
+    """GPUs per rank (sbatch --gpus-per-task), each rank seeing only its own: a generation-only stage job
+    (sample, probe, evaluate) may ask for 1 instead of gpus_per_node; 0: none. Not with gpus_per_node."""
+
+    @model_validator(mode="after")
+    def _one_way_to_ask_for_gpus(self) -> StageResources:
+        if self.gpus_per_node and self.gpus_per_task:
+            raise ValueError(
+                f"gpus_per_node = {self.gpus_per_node} and gpus_per_task = {self.gpus_per_task}: ask for GPUs"
+                " one way (gpus_per_node for stages that train, gpus_per_task: 1 for generation alone)"
+            )
+        if self.gpus_per_node and self.tasks_per_node > self.gpus_per_node:
+            raise ValueError(
+                f"tasks_per_node = {self.tasks_per_node} ranks share gpus_per_node = {self.gpus_per_node}"
+                " GPUs: each rank needs a GPU of its own (tasks_per_node at most gpus_per_node)"
+            )
+        return self
 
     cpus_per_task: int = Field(1, ge=1)
     """CPUs per rank (sbatch --cpus-per-task)."""

@@ -107,7 +107,9 @@ class ModelConfig(_Strict):
     each new policy in place. Scoring and optimisation stay on the trainer either way."""
 
     vllm_memory: float = Field(0.9, gt=0, le=1)
-    """generator vllm: the fraction of the GPU's memory vLLM may take for weights and KV cache. On the CPU
+    """generator vllm: the fraction of its rank's GPU (each rank runs its own engine on its own GPU) vLLM may
+    take for weights and KV cache; with a resident trainer on the same GPU, leave it the rest. A model whose
+    weights exceed this share of one GPU is refused (no tensor-parallel engines). On the CPU
     backend it is the share of the machine's RAM the whole stage process may hold (vLLM runs in it, so the
     trainer's memory counts against it): too small and vLLM refuses to start, naming the shortfall."""
 
@@ -177,9 +179,11 @@ class SamplingConfig(_Strict):
     own context must hold the longest prompt + max_tokens + rescue)."""
 
     batch_rows: int = Field(256, ge=1)
-    """Rows (prefixes × samples) the CPU engine decodes together, in chunks of prefixes sorted by length.
-    Part of the recipe: the random stream depends on it. Each chunk of sample and probe is committed as a
-    shard, the safe point at which a preempted stage stops and resumes."""
+    """Rows (prefixes × samples) per chunk: a generating stage's prefixes are sorted by length and decoded
+    chunk by chunk, each chunk with a random stream of its own. Part of the recipe: the chunks, and so the
+    samples, depend on it (never on the number of ranks). Each chunk of sample, probe and evaluate is a
+    shard: the unit the ranks of a job share out and the safe point at which a preempted stage stops and
+    resumes."""
 
 
 class OptimConfig(_Strict):

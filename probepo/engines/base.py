@@ -8,7 +8,8 @@ False).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+import hashlib
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -75,11 +76,6 @@ class TrainerState:
     meta: dict[str, Any]
 
 
-ChunkCallback = Callable[[list[int], list[list[Completion]], bytes], None]
-"""Called after each chunk of prefixes is decoded with (the prefixes' indices, their completions, the
-engine's state after the chunk): a stage commits them as a shard, so a preempted stage resumes after its
-last shard and ends bitwise as if it had never stopped."""
-
 MinibatchCallback = Callable[[int, dict[str, float]], None]
 """Called after each optimizer step with the mini-batch index and its metrics; the caller may commit
 `state()` there to resume from the next mini-batch."""
@@ -87,18 +83,9 @@ MinibatchCallback = Callable[[int, dict[str, float]], None]
 
 class GenerationEngine(Protocol):
     def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        *,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
     ) -> list[list[Completion]]:
-        """n samples per prompt (prompt ids include BOS); result[i][j] is sample j of prompt i. Resuming
-        and chunk reports as in `continue_from`."""
+        """n samples per prompt (prompt ids include BOS); result[i][j] is sample j of prompt i."""
         ...
 
     def continue_from(
@@ -111,23 +98,46 @@ class GenerationEngine(Protocol):
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
         """n continuations of each prefix (prompt + partial response ids), each encoded once and forked.
         Prefix i may generate max_new_tokens[i] tokens (params.max_tokens is ignored). With rescue_tokens
         > 0, a continuation that reaches its limit without a stop token gets rescue_ids appended and up to
         rescue_tokens more tokens generated greedily (Completion.rescued).
 
-        Resuming: `done` holds the completions of the chunks already decoded (as `on_chunk` reported
-        them) and `state` the engine state reported after the last of them; the result is bitwise what
-        one uninterrupted call gives."""
+        The same as decoding each chunk of `chunks(prefixes, n)` alone, chunk c with `decode_chunk` and
+        seed `chunk_seed(seed, c)`: what the generating stages do, one shard per chunk, over any number of
+        ranks."""
+        ...
+
+    def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
+        """The indices of the prefixes `continue_from` decodes together, chunk by chunk: a function of the
+        prefix lengths, n and the engine's batch rows only."""
+        ...
+
+    def decode_chunk(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: list[int],
+        *,
+        rescue_ids: Sequence[int] = (),
+        rescue_tokens: int = 0,
+    ) -> list[list[Completion]]:
+        """`continue_from` of one chunk's prefixes, decoded together with randomness from `seed` alone."""
         ...
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
         ...
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The seed of chunk `chunk` of a call seeded `seed` (63 bits of sha256): chunks draw independent
+    streams, so any chunk is decoded without the ones before it."""
+    digest = hashlib.sha256(f"{seed}/chunk/{chunk}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
 
 
 class TrainerEngine(Protocol):

@@ -9,7 +9,7 @@ Probes are sorted by prefix length and chunked, so probing costs about its token
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Generic, TypeVar
@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from probepo.engines.base import ChunkCallback, Completion, SamplingParams
+from probepo.engines.base import Completion, SamplingParams, chunk_seed
 from probepo.models.gpt import GPT, WEIGHTS_FILE, KVCache
 
 C = TypeVar("C")
@@ -26,10 +26,12 @@ C = TypeVar("C")
 
 
 class ChunkedDecoding(ABC):
-    """What all generation engines share: calls split into chunks of prefixes sorted by length, decoded one
-    chunk at a time by the engine's `_decode` with one random generator on `device`, each chunk reported
-    (`on_chunk`) and skipped on a resume. Subclasses set `device`, `max_batch_rows`, and the model's
-    `vocab_size` and `context` (tokens a sequence may fill) that calls are checked against."""
+    """What all generation engines share: calls split into chunks of prefixes sorted by length, each chunk
+    decoded by the engine's `_decode` with its own random generator on `device`, seeded from (the call's
+    seed, the chunk's index). A chunk is thus made alone, by any process, in any order, and gives the same
+    bits: the generating stages spread a call's chunks over ranks and commit each as a shard. Subclasses set
+    `device`, `max_batch_rows`, and the model's `vocab_size` and `context` (tokens a sequence may fill) that
+    calls are checked against."""
 
     device: torch.device
     max_batch_rows: int
@@ -37,24 +39,15 @@ class ChunkedDecoding(ABC):
     context: int
 
     def generate(
-        self,
-        prompts: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        seed: int,
-        *,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
+        self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
     ) -> list[list[Completion]]:
-        """n samples per prompt (ids include BOS), each of at most params.max_tokens tokens; resuming and
-        chunk reports as in `continue_from`."""
-        limits = [params.max_tokens] * len(prompts)
-        return self.continue_from(prompts, n, params, seed, limits, done=done, state=state, on_chunk=on_chunk)
+        """n samples per prompt (ids include BOS), each of at most params.max_tokens tokens."""
+        return self.continue_from(prompts, n, params, seed, [params.max_tokens] * len(prompts))
 
     def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
         """The prefix indices decoded together, in order: sorted by length (stable), max_batch_rows // n
-        prefixes at a time. A pure function of the lengths, so a resumed call makes the same chunks."""
+        prefixes at a time. A pure function of the lengths, n and the recipe's batch rows (never of how many
+        ranks share the work), so every rank and every resume makes the same chunks."""
         order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
         per_chunk = max(1, self.max_batch_rows // n)
         return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
@@ -69,37 +62,47 @@ class ChunkedDecoding(ABC):
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
-        done: Mapping[int, list[Completion]] | None = None,
-        state: bytes | None = None,
-        on_chunk: ChunkCallback | None = None,
     ) -> list[list[Completion]]:
-        """n continuations of each prefix; see GenerationEngine.continue_from. The state is the random
-        generator's, so chunks after a resume draw exactly what they would have drawn (bitwise on CPU; on
-        CUDA as far as its kernels are deterministic)."""
+        """n continuations of each prefix; see GenerationEngine.continue_from: chunk c of `chunks` decoded
+        by `decode_chunk` with seed `chunk_seed(seed, c)`."""
+        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
+        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
+        results: list[list[Completion]] = [[] for _ in prefixes]
+        for index, chunk in enumerate(self.chunks(prefixes, n)):
+            decoded = self.decode_chunk(
+                [prefixes[i] for i in chunk],
+                n,
+                params,
+                chunk_seed(seed, index),
+                [max_new_tokens[i] for i in chunk],
+                rescue_ids=rescue_ids,
+                rescue_tokens=rescue_tokens,
+            )
+            for i, row in zip(chunk, decoded, strict=True):
+                results[i] = row
+        return results
+
+    def decode_chunk(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: list[int],
+        *,
+        rescue_ids: Sequence[int] = (),
+        rescue_tokens: int = 0,
+    ) -> list[list[Completion]]:
+        """n continuations of each of `prefixes`, decoded together as one chunk with a generator seeded
+        `seed`: bitwise the same wherever and whenever it runs (on CPU; on CUDA as far as its kernels are
+        deterministic)."""
         rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
         generator = torch.Generator(device=self.device).manual_seed(seed)
-        plan = self.chunks(prefixes, n)
-        results: list[list[Completion]] = [[] for _ in prefixes]
-        skip = resumed_chunks(plan, done or {})
-        for chunk in plan[:skip]:
-            for i in chunk:
-                results[i] = list(done[i])
-        if skip:
-            if state is None:
-                raise ValueError("resuming after decoded chunks needs the engine state reported with them")
-            generator.set_state(torch.frombuffer(bytearray(state), dtype=torch.uint8))
         rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
+        limits = torch.tensor(max_new_tokens, device=self.device)
         with torch.inference_mode():
-            for chunk in plan[skip:]:
-                limits = torch.tensor([max_new_tokens[i] for i in chunk], device=self.device)
-                chunk_prefixes = [prefixes[i] for i in chunk]
-                completions = self._decode(chunk_prefixes, n, params, limits, rescue, rescue_len, generator)
-                for i, row in zip(chunk, completions, strict=True):
-                    results[i] = row
-                if on_chunk is not None:
-                    on_chunk(chunk, completions, generator.get_state().numpy().tobytes())
-        return results
+            return self._decode(prefixes, n, params, limits, rescue, rescue_len, generator)
 
     def _check(
         self,
@@ -344,20 +347,6 @@ class DecodeRows:
             self.done |= self.rescued & (self.count - self.rescue_start >= rescue_len)
         else:
             self.done |= at_limit
-
-
-def resumed_chunks(plan: list[list[int]], done: Mapping[int, list[Completion]]) -> int:
-    """How many leading chunks of `plan` the `done` prefixes make up; refuses anything else."""
-    count, covered = 0, 0
-    while count < len(plan) and covered < len(done):
-        covered += len(plan[count])
-        count += 1
-    if set(done) != {i for chunk in plan[:count] for i in chunk}:
-        raise ValueError(
-            f"the {len(done)} decoded prefixes are not the first chunks of this call: resume with the same"
-            " prefixes, n and batch rows"
-        )
-    return count
 
 
 def sample_tokens(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:

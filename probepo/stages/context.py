@@ -62,6 +62,15 @@ class StageContext:
         """Files of a committed stage (checksums verified by the store)."""
         return self.store.read_stage(self.run_id, self.update if update is None else update, stage)
 
+    def commit_own(self, stage: str, files: Mapping[str, bytes], summary: Mapping[str, Any]) -> None:
+        """Commit a sub-stage this rank made alone (a shard of generation), with no rank waiting for another:
+        the fault points see this rank's own stop flag (the agreed one is a collective)."""
+        summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
+        stop_here = distributed.own_flag(self.should_stop)
+        fault_point(self.update, stage, "before-commit", stop_here)
+        self.store.commit_stage(self.run_id, self.update, stage, files, summary=summary)
+        fault_point(self.update, stage, "after-commit", stop_here)
+
     def commit(
         self,
         stage: str,

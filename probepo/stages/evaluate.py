@@ -20,6 +20,7 @@ from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
+from probepo.stages.shards import generate_in_shards
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
@@ -38,14 +39,23 @@ class Suite:
     k: int
 
 
-def _per_problem(ctx: StageContext, task: Task, suite: Suite, temperature: float) -> list[float]:
-    """[problems] fraction of each problem's k samples graded right (k = 1 when greedy)."""
+def _per_problem(
+    ctx: StageContext, task: Task, suite: Suite, temperature: float, shards: str | None
+) -> list[float]:
+    """[problems] fraction of each problem's k samples graded right (k = 1 when greedy). With `shards` (the
+    evaluate stage) the samples are made over the job's ranks as shards of that name; without (evaluating
+    a checkpoint after the fact), in one call: the same bits either way."""
     k = 1 if temperature == 0 else suite.k
     params = sampling_params(ctx, task, temperature=temperature)
     # The same seed at every update and in every run: arms are compared on the same random stream.
+    seed = ctx.config.eval.seed
     prompts = [task.prompt_ids(p) for p in suite.problems]
     limits = [response_budget(ctx.config.sampling, len(prompt)) for prompt in prompts]
-    samples = generation_engine(ctx).continue_from(prompts, k, params, ctx.config.eval.seed, limits)
+    engine = generation_engine(ctx)
+    if shards is None:
+        samples = engine.continue_from(prompts, k, params, seed, limits)
+    else:
+        samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits)
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
     rewards = task.verify_many(
         texts, [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
@@ -85,12 +95,13 @@ def suites_for(config: RunConfig) -> tuple[str, ...]:
 
 
 def score_suite(
-    ctx: StageContext, task: Task, suite: Suite
+    ctx: StageContext, task: Task, suite: Suite, *, sharded: bool = False
 ) -> tuple[dict[str, float | int], dict[str, list]]:
     """Mean@k of policy k on `suite` at the run's eval temperature: a summary (mean, stderr, problems, k)
-    and the per-problem table (id, fraction correct)."""
+    and the per-problem table (id, fraction correct). `sharded`: made over the job's ranks as shards of the
+    evaluate stage (`evaluate.<suite>.shard-CCCC`)."""
     temperature = ctx.config.eval.temperature
-    correct = _per_problem(ctx, task, suite, temperature)
+    correct = _per_problem(ctx, task, suite, temperature, f"{STAGE}.{suite.name}" if sharded else None)
     mean, stderr = mean_and_stderr(correct)
     k = 1 if temperature == 0 else suite.k
     ids = [getattr(p, "id", "") for p in suite.problems]
@@ -103,7 +114,7 @@ def score_suite(
 def _heldout(ctx: StageContext, task: Task) -> None:
     settings = ctx.config.eval
     suite = heldout_suite(ctx, task)
-    scored, scored_table = score_suite(ctx, task, suite)
+    scored, scored_table = score_suite(ctx, task, suite, sharded=True)
     summary = {
         "accuracy": scored["mean"],
         "stderr": scored["stderr"],
@@ -112,7 +123,7 @@ def _heldout(ctx: StageContext, task: Task) -> None:
     }
     table = {"problem": list(range(len(suite.problems))), "correct": scored_table["correct"]}
     if settings.greedy and settings.temperature != 0:
-        table["greedy_correct"] = _per_problem(ctx, task, suite, 0.0)
+        table["greedy_correct"] = _per_problem(ctx, task, suite, 0.0, f"{STAGE}.{suite.name}-greedy")
         summary["greedy_accuracy"], summary["greedy_stderr"] = mean_and_stderr(table["greedy_correct"])
     ctx.commit(STAGE, {RESULTS: table_to_parquet(table)}, summary)
 
@@ -127,7 +138,7 @@ def _benchmarks(ctx: StageContext, task: Task) -> None:
 
     files, summary, means, errors = {}, {}, {}, {}
     for suite in benchmark_suites(ctx):
-        scored, table = score_suite(ctx, task, suite)
+        scored, table = score_suite(ctx, task, suite, sharded=True)
         means[suite.name], errors[suite.name] = scored["mean"], scored["stderr"]
         files[f"eval-{suite.name}.parquet"] = table_to_parquet(table)
         summary.update({f"{suite.name}/{key}": value for key, value in scored.items()})

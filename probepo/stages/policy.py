@@ -25,6 +25,7 @@ from torch import Tensor
 
 from probepo import distributed
 from probepo.config import ModelConfig
+from probepo.devices import check_fits_one_gpu, torch_device, weights_bytes
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
@@ -109,12 +110,6 @@ def model_dtype(model: ModelConfig) -> torch.dtype:
     return getattr(torch, model.dtype)
 
 
-def policy_device() -> str:
-    """Where a Hugging Face policy runs: the job's first GPU when it has one (one GPU per stage until the
-    multi-GPU engines land), else the CPU."""
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
 def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> TrainerEngine:
     """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (for `model.kind:
     hf` the Hugging Face engine, or DeepSpeed's with `model.trainer: deepspeed`, saving `tokenizer` with
@@ -147,7 +142,7 @@ def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
         from probepo.engines.hf import load_policy
 
         # DeepSpeed places (and under ZeRO-3 partitions) the model on this rank's device itself
-        device = "cpu" if model.trainer == "deepspeed" else policy_device()
+        device = "cpu" if model.trainer == "deepspeed" else torch_device()
         engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
     else:
         engine = new_trainer(ctx, GPT(model))
@@ -263,6 +258,12 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
     layout = weights if isinstance(weights, Path) else None
     folder = layout or fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)))
     model = ctx.config.model
+    share, setting = (
+        (model.vllm_memory, "model.vllm_memory")
+        if model.generator == "vllm"
+        else (1.0, "the Hugging Face engine's: the whole GPU")
+    )
+    check_fits_one_gpu(weights_bytes(folder), share, setting)
     generator: GenerationEngine
     if model.generator == "vllm":
         from probepo.engines.vllm_engine import VLLMGenerationEngine
@@ -278,7 +279,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
         from probepo.engines.hf import HFGenerationEngine
 
         generator = HFGenerationEngine(
-            folder, dtype=model_dtype(model), device=policy_device(), max_batch_rows=rows
+            folder, dtype=model_dtype(model), device=torch_device(), max_batch_rows=rows
         )
     if layout is None:
         generator.load_weights(weights)

@@ -24,7 +24,7 @@ from probepo.stages.common import (
 )
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import continue_in_shards
+from probepo.stages.shards import generate_in_shards
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = Stage.PROBE
@@ -54,7 +54,7 @@ def run(ctx: StageContext) -> None:
             for r, t in zip(rows.tolist(), cuts, strict=True)
         ]
         engine = generation_engine(ctx)
-        continuations = continue_in_shards(
+        continuations = generate_in_shards(
             ctx,
             STAGE,
             engine,

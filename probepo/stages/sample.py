@@ -17,7 +17,7 @@ from probepo.schedule import Stage
 from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import continue_in_shards
+from probepo.stages.shards import generate_in_shards
 from probepo.stages.trees import Forest
 from probepo.store.formats import table_to_parquet
 
@@ -30,7 +30,7 @@ def _sample_trees(
     """Grow the run's trees; returns each prompt's leaves as completions (the whole path each)."""
 
     def sample(name: str, prefixes: list[list[int]], n: int, limits: list[int]) -> list[list[Completion]]:
-        return continue_in_shards(
+        return generate_in_shards(
             ctx, f"{STAGE}.{name}", engine, prefixes, n, params, ctx.seed(STAGE, name), limits
         )
 
@@ -57,7 +57,7 @@ def run(ctx: StageContext) -> None:
         # a shared prefix is sampled once: the tokens sampled are the segments', not the leaves' paths
         tree_summary = {"tree_nodes": len(forest.parent), "tokens": sum(map(len, forest.segment))}
     else:
-        groups = continue_in_shards(
+        groups = generate_in_shards(
             ctx, STAGE, engine, prompts, cfg.group_size, params, ctx.seed(STAGE), limits
         )
         tree_summary = {}

@@ -213,9 +213,13 @@ def test_a_testbed_whose_rerun_changed_withholds_its_committed_arms(monkeypatch)
     ]
     entry = science_report.analyse([testbed], results, withheld)["t"]
     assert "vineppo" not in entry["arms"] and entry["withheld"] == withheld["t"]
+    notes = science_output._notes(entry)
     assert any(
-        line.startswith("Withheld: vineppo (measured 2026-12-01)") for line in science_output._notes(entry)
+        line.startswith("Withheld: vineppo (measured 2026-12-01, engine carried-generator)") for line in notes
     )
+    # the arms compared are of one engine, and the table says which
+    assert entry["arms"]["grpo"]["engine"] == "chunk-seeded"
+    assert "Engine of every arm in this table: chunk-seeded (see science_plan.ENGINE)." in notes
     # Read again against what it wrote (GRPO now matches the file), VinePPO stays withheld.
     written = {
         **committed,

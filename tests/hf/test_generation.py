@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probepo.engines.base import SamplingParams
+from probepo.engines.base import SamplingParams, chunk_seed
 from probepo.engines.hf import HFGenerationEngine
 from probepo.engines.hf.generation import sample_categorical
 
@@ -131,36 +131,15 @@ def test_cutoff_rescue_appends_the_suffix_then_greedy_tokens(model, tokenizer):
     assert 0 < rescued < 4 * len(PROMPTS)
 
 
-def later_chunks(into: list[list[int]]):
-    return lambda chunk, rows, state: into.append(chunk)
-
-
-def recorder(chunks: list[list[int]]):
-    """An on_chunk callback that records the chunks it is told of."""
-    return lambda chunk, rows, state: chunks.append(chunk)
-
-
-def test_resume_after_any_chunk_is_bitwise(model):
+def test_any_chunk_decoded_alone_is_bitwise_the_calls(model):
     engine = HFGenerationEngine(model, max_batch_rows=3)  # n = 3: one prefix per chunk
-    reports = []
-    uninterrupted = engine.generate(
-        PROMPTS, 3, SAMPLE, 11, on_chunk=lambda chunk, rows, state: reports.append((chunk, rows, state))
-    )
-    assert len(reports) == len(PROMPTS)
-    for stop in range(1, len(reports)):
-        done = {i: rows[k] for chunk, rows, _ in reports[:stop] for k, i in enumerate(chunk)}
-        later: list[list[int]] = []
-        state = reports[stop - 1][2]
-        resumed = engine.generate(PROMPTS, 3, SAMPLE, 11, done=done, state=state, on_chunk=recorder(later))
-        assert resumed == uninterrupted
-        assert later == [chunk for chunk, _, _ in reports[stop:]]
-
-
-def test_resume_refuses_done_prefixes_that_are_not_leading_chunks(model):
-    engine = HFGenerationEngine(model, max_batch_rows=3)
-    done = {0: engine.generate(PROMPTS[:1], 3, SAMPLE, 0)[0]}
-    with pytest.raises(ValueError, match="not the first chunks"):
-        engine.generate(PROMPTS, 3, SAMPLE, 0, done=done, state=b"")
+    whole = engine.generate(PROMPTS, 3, SAMPLE, 11)
+    plan = engine.chunks(PROMPTS, 3)
+    assert len(plan) == len(PROMPTS)
+    for index in reversed(range(len(plan))):
+        [i] = plan[index]
+        alone = engine.decode_chunk([PROMPTS[i]], 3, SAMPLE, chunk_seed(11, index), [SAMPLE.max_tokens])
+        assert alone == [whole[i]]
 
 
 def test_load_weights_switches_the_policy(model, tiny_qwen, tmp_path):

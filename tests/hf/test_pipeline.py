@@ -42,10 +42,8 @@ def finished(tiny_qwen, tmp_path_factory):
 def test_every_stage_runs_the_real_model(finished, tiny_qwen):
     store, _ = finished
     entries = store.ledger_entries("qwen")
-    assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(entries[0]) and entries[2] == [
-        "checkpoint",
-        "evaluate",
-    ]
+    assert {"checkpoint", "evaluate", *TRAINING_STAGES} <= set(entries[0])
+    assert [stage for stage in entries[2] if ".shard-" not in stage] == ["checkpoint", "evaluate"]
     assert store.marker("qwen", 0, "checkpoint")["summary"]["pretrained"] == str(tiny_qwen.folder)
     assert not any(run.startswith("warmup-") for run in store.runs())  # a real model starts pretrained
     rollouts = table_from_parquet(store.read_stage("qwen", 0, "sample")["rollouts.parquet"])

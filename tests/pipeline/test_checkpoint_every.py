@@ -70,7 +70,7 @@ class StageSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.current: tuple[int, str] | None = None
         self.generation_calls: list[tuple[int, str]] = []
-        original_execute, original_continue = execution.execute_stage, TorchGenerationEngine.continue_from
+        original_execute, original_decode = execution.execute_stage, TorchGenerationEngine.decode_chunk
 
         def execute(ctx: StageContext, stage: Stage, job_id: str | None = None) -> None:
             self.current = (ctx.update, stage)
@@ -79,12 +79,12 @@ class StageSpy:
             finally:
                 self.current = None
 
-        def continue_from(engine, *args, **kwargs):
+        def decode_chunk(engine, *args, **kwargs):
             self.generation_calls.append(self.current)
-            return original_continue(engine, *args, **kwargs)
+            return original_decode(engine, *args, **kwargs)
 
         monkeypatch.setattr(execution, "execute_stage", execute)
-        monkeypatch.setattr(TorchGenerationEngine, "continue_from", continue_from)
+        monkeypatch.setattr(TorchGenerationEngine, "decode_chunk", decode_chunk)
 
 
 @pytest.mark.integration

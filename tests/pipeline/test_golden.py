@@ -1,6 +1,6 @@
-"""Golden bits: the tiny recipe's final policy under GRPO, ProbePO and VinePPO, as sha256 of its weights and
-optimizer state. A change of these bits is a change of the maths or of its order of operations: when one is
-meant, record the new digests here and say why in the commit.
+"""Golden bits: the tiny recipe's final policy under GRPO, ProbePO, VinePPO and RLOO, as sha256 of its weights
+and optimizer state. A change of these bits is a change of the maths or of its order of operations: when one
+is meant, record the new digests here and say why in the commit.
 
 The run happens in a process of its own under PORTABLE_NUMERICS (AVX2 kernels, MKL's reproducible mode, one
 thread), because the default kernels round differently across CPUs: digests recorded on one machine failed
@@ -22,18 +22,24 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
 
 GOLDEN = {  # (model.safetensors, optimizer.safetensors) of the checkpoint of update 2
-    # Recorded at 08dd9ad, before the training-rows refactor (issue 16), and unchanged after it.
+    # Recorded at issue 27: each chunk of generation draws from its own generator, seeded from (the call's
+    # seed, the chunk's index) instead of one generator carried from chunk to chunk, so that the ranks of a
+    # job make chunks in any order with the same bits. That changed every sample once; nothing else moved.
     "grpo": (
-        "9c63501737b7a301bd1f49ca7c30cb7bba07873074d92d77408a9c4fb643f492",
-        "2b08efe3acde7cdb17d27e86a7f7cfb39fe4243544720906eaa5ec9eace1cd0a",
+        "7066c94decfdc3d482dc11108ea7dc9a2c19fac73408cf695c20c65f14a1a86e",
+        "66908ae187c022af342b6c16af598f097191d270c604a41e0bda31e73880f205",
     ),
     "probepo": (
-        "45a01db0d02e34742ce45741b8c9d193fcee211de822d815a8f0a941c64f040a",
-        "6e791f9573a687c04b2b3be1ca69cbb006cfd4c683b35485c904a90cf8d5459e",
+        "fc85b195b969b1d07ef84e206158fc7559de8a37ccda7b249f20afd5336f822c",
+        "154664fae98bce8dcf2d04e401eae4b62cc40dd9ca0edca202ab8762230ce481",
     ),
     "vineppo": (
-        "2e03eae2013707972a819d4762f57fe772aa192fabad8ebaed47748e9065d5ca",
-        "a09861f1fda72f5680030650d7b8587f470498def4065027ed83574d1842ba81",
+        "a22ed3ef00bfb0e3d9abd7efa6c7ba58ce9ade43485c4c3f799afe654c4bd40c",
+        "d85a78bd768cf4d6745964bb8bb5b918a214bc2d232f21fa1614ea036f15e70d",
+    ),
+    "rloo": (
+        "56b97114d8a2c057ed1de1f525d30ed88ec1f463bcbf2d3c9d5b4cfc93881056",
+        "aa3fc3ff893be85934cad85b1712b3f3a95eff009988eb7b51b17130f4962e52",
     ),
 }
 

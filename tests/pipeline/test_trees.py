@@ -123,7 +123,7 @@ def test_a_killed_tree_run_resumes_bitwise(algorithm, warm_store, tmp_path: Path
         samples = [a for a in warm_store.attempts(run_id, 0, "sample") if a["outcome"] == "committed"]
         assert len(samples) == 1
         if ".shard-" in crash_at:  # the resumed sample replayed the committed calls from the store
-            assert samples[0]["resumed_at_shard"] >= 1 and samples[0]["shards_run"] >= 1
+            assert samples[0]["resumed_shards"] >= 1 and samples[0]["shards_run"] >= 1
             assert warm_store.committed(run_id, 0, crash_at.split(":")[1])
     assert torch.equal(
         tensors_from_bytes(warm_store.read_stage(run_id, 0, "score")[SCORES])["logp"],

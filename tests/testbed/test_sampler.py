@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from probepo.config import ModelConfig, SamplingConfig
-from probepo.engines.base import SamplingParams
+from probepo.engines.base import SamplingParams, chunk_seed
 from probepo.engines.sampler import TorchGenerationEngine, sample_tokens
 from probepo.models import GPT, save_model
 
@@ -157,17 +157,19 @@ def test_probes_of_mixed_prefix_lengths_stay_inside_the_context():
     assert all(c.finish_reason == "length" for row in continuations for c in row)
 
 
-def test_a_call_resumed_after_any_chunk_is_bitwise_the_uninterrupted_one(engine):
-    """Chunks are the safe points of sample and probe: a stage commits each with the engine's state, and a
-    call resumed from them draws exactly what the uninterrupted call drew."""
+def test_any_chunk_decoded_alone_is_bitwise_the_calls(engine):
+    """Chunks are the generating stages' shards, made by whichever rank claims them, in any order: chunk c
+    alone, seeded chunk_seed(seed, c), gives exactly the rows the whole call gave it."""
     small = TorchGenerationEngine(engine.model, max_batch_rows=6)  # 3 prefixes × 2 samples per chunk
     params = SamplingParams(temperature=1.0, max_tokens=12, stop_token_ids=(EOS,))
-    reports = []
-    whole = small.generate(prompts(8), 2, params, 7, on_chunk=lambda *report: reports.append(report))
-    assert [chunk for chunk, _, _ in reports] == small.chunks(prompts(8), 2) and len(reports) == 3
-    for cut in range(1, len(reports)):
-        done = {i: row for chunk, rows, _ in reports[:cut] for i, row in zip(chunk, rows, strict=True)}
-        resumed = small.generate(prompts(8), 2, params, 7, done=done, state=reports[cut - 1][2])
-        assert resumed == whole
-    with pytest.raises(ValueError, match="not the first chunks"):
-        small.generate(prompts(8), 2, params, 7, done={7: whole[7]}, state=reports[0][2])
+    batch = prompts(8)
+    whole = small.generate(batch, 2, params, 7)
+    plan = small.chunks(batch, 2)
+    assert len(plan) == 3 and sorted(i for chunk in plan for i in chunk) == list(range(8))
+    for index in reversed(range(len(plan))):  # any order
+        chunk = plan[index]
+        alone = small.decode_chunk(
+            [batch[i] for i in chunk], 2, params, chunk_seed(7, index), [params.max_tokens] * len(chunk)
+        )
+        assert alone == [whole[i] for i in chunk]
+    assert small.generate(batch, 2, params, 8) != whole

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probepo.engines.base import SamplingParams
+from probepo.engines.base import SamplingParams, chunk_seed
 from probepo.engines.hf import HFGenerationEngine
 from tests.hf.test_generation import DOT, GREEDY, PROMPTS, SAMPLE
 
@@ -96,17 +96,17 @@ def test_probes_of_one_response_are_served_from_the_prefix_cache(vllm_engine):
     assert vllm_engine.cached_prompt_tokens - before >= len(prefixes) * 2 * BLOCK
 
 
-def test_samples_are_seeded_and_resume_after_any_chunk(vllm_engine):
-    reports = []
-    uninterrupted = vllm_engine.generate(
-        PROMPTS, 4, SAMPLE, 11, on_chunk=lambda chunk, rows, state: reports.append((chunk, rows, state))
-    )
-    assert len(reports) == 2  # 8 rows per chunk: two prefixes of 4 samples
+def test_samples_are_seeded_and_any_chunk_alone_is_the_calls(vllm_engine):
+    uninterrupted = vllm_engine.generate(PROMPTS, 4, SAMPLE, 11)
+    plan = vllm_engine.chunks(PROMPTS, 4)
+    assert len(plan) == 2  # 8 rows per chunk: two prefixes of 4 samples
     assert vllm_engine.generate(PROMPTS, 4, SAMPLE, 11) == uninterrupted
     assert vllm_engine.generate(PROMPTS, 4, SAMPLE, 12) != uninterrupted
-    done = {i: rows[k] for k, i in enumerate(reports[0][0]) for rows in [reports[0][1]]}
-    resumed = vllm_engine.generate(PROMPTS, 4, SAMPLE, 11, done=done, state=reports[0][2])
-    assert resumed == uninterrupted
+    chunk = plan[1]
+    alone = vllm_engine.decode_chunk(
+        [PROMPTS[i] for i in chunk], 4, SAMPLE, chunk_seed(11, 1), [SAMPLE.max_tokens] * len(chunk)
+    )
+    assert alone == [uninterrupted[i] for i in chunk]
 
 
 def test_load_weights_reloads_in_place_never_stale(vllm_engine, model, tiny_qwen):
