@@ -7,7 +7,9 @@ committed the same bits, and how busy claiming chunks kept the ranks against a s
 Each arm is the sample stage of a fresh run (the same recipe, so the same prompts and chunks) submitted
 through the local executor with `tasks_per_node` 1 or 2: the stage's own wall time (its commit's `wall_s`:
 engine built, chunks made, shards read back, graded) on rank 0, the arms alternated and repeated, medians
-taken. The ratio is tokens/s on 2 ranks over 1.
+taken. The ratio is tokens/s on 2 ranks over 1; `decode_ratio` the same for the busiest rank's decoding
+alone (what the ranks share out), without what every rank does whole: build its engine, read the shards
+back, grade the stage's responses.
 
 Claiming vs a static split: every shard records how long its chunk took to decode (`decode_s`). Replayed on
 those times (1-rank arms), claiming in plan order (what the stage does: a rank takes the next chunk when its
@@ -79,6 +81,9 @@ def sample_stage(config: RunConfig, store: ArtifactStore, run_id: str, ranks: in
         "tokens": summary["tokens"],
         "tokens_per_s": summary["tokens"] / summary["wall_s"],
         "chunk_decode_s": [shard["decode_s"] for shard in shards],
+        # the busiest rank's decoding: the stage's wall time less what every rank does whole (building its
+        # engine, reading the shards back, grading) and the waits
+        "decode_s": max(sum(s["decode_s"] for s in shards if s["rank"] == r) for r in range(ranks)),
         "chunks_per_rank": [sum(shard["rank"] == r for shard in shards) for r in range(ranks)],
         "rollouts": store.read_stage(run_id, 0, Stage.SAMPLE)[ROLLOUTS],
     }
@@ -121,6 +126,14 @@ def measure(name: str, config_of: Any, folder: Path, reps: int) -> dict[str, Any
         "tokens_per_s": {f"{ranks}_ranks": round(s, 1) for ranks, s in speed.items()},
         "wall_s": {f"{ranks}_ranks": [a["wall_s"] for a in runs] for ranks, runs in arms.items()},
         "ratio": round(speed[2] / speed[1], 3),
+        "decode_s": {
+            f"{ranks}_ranks": [round(a["decode_s"], 3) for a in runs] for ranks, runs in arms.items()
+        },
+        "decode_ratio": round(
+            statistics.median(a["decode_s"] for a in arms[1])
+            / statistics.median(a["decode_s"] for a in arms[2]),
+            3,
+        ),
         "bitwise_equal": len({a["rollouts"] for runs in arms.values() for a in runs}) == 1,
         "chunks_per_rank_2_ranks": [a["chunks_per_rank"] for a in arms[2]],
         "chunk_decode_s_cv": round(statistics.stdev(times) / statistics.mean(times), 3),
@@ -137,7 +150,7 @@ def measure(name: str, config_of: Any, folder: Path, reps: int) -> dict[str, Any
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen"])
-    parser.add_argument("--reps", type=int, default=2, help="runs of each arm (alternated)")
+    parser.add_argument("--reps", type=int, default=4, help="runs of each arm (alternated)")
     args = parser.parse_args()
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # inherited by every rank
     results: dict[str, Any] = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}

@@ -51,6 +51,11 @@ Added after those runs (issue 16): SPO-tree and TreePO at their presets' trees, 
 at equal sampled tokens and with ProbePO at equal updates. Their tree sizes were fixed in the presets
 (ede201a: a tree samples about GRPO's tokens per prompt) before any of these runs, and not tuned on them;
 they are reported whatever they say.
+
+Added in issue 27, before its runs: RLOO, 10 seeds (0-9) each on `modchain` and `pointer`, paired with GRPO's
+and ProbePO's seeds, rerun beside them on the chunk-seeded engine (science_plan.ENGINE; every arm is labelled
+with the engine that measured it, and the arms of the earlier engine are withheld until rerun); reported
+whatever it says.
 """
 
 from __future__ import annotations

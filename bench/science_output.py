@@ -139,7 +139,7 @@ def _notes(entry: dict[str, Any]) -> list[str]:
     engines = sorted({arm["engine"] for arm in entry["arms"].values()})
     if engines:
         lines.append(
-            f"Engine of every arm in this table: {engines[0]} (see science_plan.ENGINE)."
+            f"Engine of every arm in this table: {engines[0]} (bench/science_plan.py, ENGINE)."
             if len(engines) == 1
             else f"**Arms of different engines in one table: {', '.join(engines)}** (not comparable)."
         )
@@ -149,9 +149,9 @@ def _notes(entry: dict[str, Any]) -> list[str]:
             for name, arm in entry["withheld"].items()
         )
         lines.append(
-            f"Withheld: {arms}. Their runs (kept in the results file) do not pair with this table's: they"
-            " start from another warm-up checkpoint, or the arms beside them changed on rerun, so these"
-            " must be rerun before they are compared again."
+            f"Withheld: {arms}. Their runs (kept in the results file) do not pair with this table's: another"
+            " engine measured them, or they start from another warm-up checkpoint, or the arms beside them"
+            " changed on rerun, so these must be rerun before they are compared again."
         )
     reruns = [_reruns(name, arm["reproduced"]) for name, arm in entry["arms"].items() if arm["reproduced"]]
     if reruns:

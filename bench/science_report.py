@@ -184,6 +184,7 @@ def _reruns(
             continue
         if not new.same_measurement(old):
             differs.append(seed)
+            reproduced.pop(seed, None)  # what an earlier rerun of this seed reproduced no longer holds
             continue
         ratio = new.eval_wall_s[-1] / old.eval_wall_s[-1] if old.eval_wall_s[-1] else math.nan
         reproduced[seed] = {"seed": seed, "wall_ratio": round(ratio, 3)}
@@ -261,7 +262,7 @@ def collect(
                 before["measured"],
                 True,
                 reproduced,
-                before.get("engine", EARLIER_ENGINE),
+                engine=before.get("engine", EARLIER_ENGINE),
             )
             to_carry.append((carried, before))
         from_store = list(results.get(testbed.name, {}).values())

@@ -219,7 +219,7 @@ def test_a_testbed_whose_rerun_changed_withholds_its_committed_arms(monkeypatch)
     )
     # the arms compared are of one engine, and the table says which
     assert entry["arms"]["grpo"]["engine"] == "chunk-seeded"
-    assert "Engine of every arm in this table: chunk-seeded (see science_plan.ENGINE)." in notes
+    assert "Engine of every arm in this table: chunk-seeded (bench/science_plan.py, ENGINE)." in notes
     # Read again against what it wrote (GRPO now matches the file), VinePPO stays withheld.
     written = {
         **committed,
