@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from probepo.devices import gpu_index
+
 T = TypeVar("T")
 
 
@@ -55,8 +57,6 @@ def join(backend: str | None = None) -> None:
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=TIMEOUT)
         return
     if backend == "nccl":
-        from probepo.devices import gpu_index
-
         torch.cuda.set_device(gpu_index())
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     # what init_method="env://" does, keeping the store for the work counters

@@ -65,18 +65,18 @@ class ChunkedDecoding(ABC):
     ) -> list[list[Completion]]:
         """n continuations of each prefix; see GenerationEngine.continue_from: chunk c of `chunks` decoded
         by `decode_chunk` with seed `chunk_seed(seed, c)`."""
-        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
-        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
+        rescue_len = _rescue_len(rescue_ids, rescue_tokens)
+        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)  # every prefix, before any decoding
         results: list[list[Completion]] = [[] for _ in prefixes]
         for index, chunk in enumerate(self.chunks(prefixes, n)):
-            decoded = self.decode_chunk(
+            decoded = self._decode_chunk(
                 [prefixes[i] for i in chunk],
                 n,
                 params,
                 chunk_seed(seed, index),
                 [max_new_tokens[i] for i in chunk],
-                rescue_ids=rescue_ids,
-                rescue_tokens=rescue_tokens,
+                rescue_ids,
+                rescue_len,
             )
             for i, row in zip(chunk, decoded, strict=True):
                 results[i] = row
@@ -96,8 +96,21 @@ class ChunkedDecoding(ABC):
         """n continuations of each of `prefixes`, decoded together as one chunk with a generator seeded
         `seed`: bitwise the same wherever and whenever it runs (on CPU; on CUDA as far as its kernels are
         deterministic)."""
-        rescue_len = len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
+        rescue_len = _rescue_len(rescue_ids, rescue_tokens)
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
+        return self._decode_chunk(prefixes, n, params, seed, max_new_tokens, rescue_ids, rescue_len)
+
+    def _decode_chunk(
+        self,
+        prefixes: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        seed: int,
+        max_new_tokens: list[int],
+        rescue_ids: Sequence[int],
+        rescue_len: int,
+    ) -> list[list[Completion]]:
+        """`decode_chunk` of a call already checked."""
         generator = torch.Generator(device=self.device).manual_seed(seed)
         rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
         limits = torch.tensor(max_new_tokens, device=self.device)
@@ -347,6 +360,11 @@ class DecodeRows:
             self.done |= self.rescued & (self.count - self.rescue_start >= rescue_len)
         else:
             self.done |= at_limit
+
+
+def _rescue_len(rescue_ids: Sequence[int], rescue_tokens: int) -> int:
+    """Tokens a cutoff rescue appends (its forced ids, then its greedy tokens); 0 without one."""
+    return len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
 
 
 def sample_tokens(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:

@@ -266,8 +266,6 @@ def _engine_per_rank(llm_options: dict[str, Any]) -> Iterator[None]:
     among its visible GPUs (probepo.devices: a task shown one GPU takes index 0). Building the engine is
     collective (vLLM makes its groups and agrees on the smallest KV cache), as every rank of a generating
     stage builds one. Alone, the `uni` executor: one worker in this process, on GPU 0."""
-    import torch.distributed as dist
-
     from probepo import distributed
     from probepo.devices import gpu_index
 
@@ -280,7 +278,7 @@ def _engine_per_rank(llm_options: dict[str, Any]) -> Iterator[None]:
     distributed.keep_group_from_libraries()
     llm_options["distributed_executor_backend"] = "external_launcher"
     saved = {name: os.environ.get(name) for name in ("RANK", "LOCAL_RANK")}
-    os.environ.update(RANK=str(dist.get_rank()), LOCAL_RANK=str(gpu_index()))
+    os.environ.update(RANK=str(distributed.rank()), LOCAL_RANK=str(gpu_index()))
     try:
         yield
     finally:

@@ -60,7 +60,8 @@ def generate_in_shards(
         sorted(set(range(len(plan))) - _committed_chunks(ctx, stage)) if distributed.rank() == 0 else None
     )
     stop_here = distributed.own_flag(ctx.should_stop)
-    made, stopped = 0, False
+    made: dict[int, list[list[Completion]]] = {}  # this rank's chunks: not read back from the store
+    stopped = False
     for index in distributed.claimed(missing):
         fault_point(ctx.update, shard_name(stage, index), "claimed", stop_here)
         if stop_here():  # a safe point: the chunk just claimed is left to the next attempt
@@ -79,16 +80,16 @@ def generate_in_shards(
         )
         decode_s = time.perf_counter() - started
         _commit_shard(ctx, shard_name(stage, index), chunk, completions, decode_s)
-        made += 1
+        made[index] = completions
     notes = ctx.attempt_notes  # rank 0's, summed over the calls of a stage (a tree grows by several)
     notes["resumed_shards"] = notes.get("resumed_shards", 0) + len(plan) - len(missing)
-    notes["shards_run"] = notes.get("shards_run", 0) + made
+    notes["shards_run"] = notes.get("shards_run", 0) + len(made)
     if distributed.any_rank(stopped):
         kept = len(_committed_chunks(ctx, stage))
         raise Preempted(
             f"preempted during {stage} of update {ctx.update}: {kept} of {len(plan)} shards committed"
         )
-    return _read_shards(ctx, stage, plan)
+    return _gather_shards(ctx, stage, plan, made)
 
 
 def _commit_shard(
@@ -117,10 +118,17 @@ def _commit_shard(
         ctx.commit_own(name, {SHARD_TABLE: table_to_parquet(table)}, summary)
 
 
-def _read_shards(ctx: StageContext, stage: str, plan: list[list[int]]) -> list[list[Completion]]:
-    """Every prefix's completions from the shards of `stage`, each checked to hold its chunk's prefixes."""
+def _gather_shards(
+    ctx: StageContext, stage: str, plan: list[list[int]], made: dict[int, list[list[Completion]]]
+) -> list[list[Completion]]:
+    """Every prefix's completions: those of the chunks this rank `made`, the others from their shards of
+    `stage`, each checked to hold its chunk's prefixes."""
     results: list[list[Completion]] = [[] for chunk in plan for _ in chunk]
     for index, chunk in enumerate(plan):
+        if index in made:
+            for i, samples in zip(chunk, made[index], strict=True):
+                results[i] = samples
+            continue
         name = shard_name(stage, index)
         table = table_from_parquet(ctx.read(name)[SHARD_TABLE])
         if sorted(set(map(int, table["prefix"]))) != sorted(chunk):
