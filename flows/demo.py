@@ -36,8 +36,13 @@ def _report(config: RunConfig, run_ids: list[str], outdir: Path) -> str:
 
 @flow(name="demo", flow_run_name="demo seed {config.seed}")
 def demo(config: RunConfig | None = None, outdir: str = "out/demo") -> str:
-    """The CPU testbed end to end: warm-up (or reuse), GRPO and ProbePO side by side, then a report in
-    `outdir` (returns its path). `config`: the preset both arms use (default: the embedded default)."""
+    """The CPU testbed end to end: warm-up (or reuse), GRPO and ProbePO side by side, then a report
+    (returns its path).
+
+    Args:
+        config: The recipe both arms use; empty: the embedded default (configs/cpu-demo.yaml).
+        outdir: Where the report, its plot and the arms' logs go (on the worker's machine).
+    """
     try:
         config = validate_run_config((config or RunConfig()).model_dump(mode="json"), "flow parameter config")
     except ConfigError as exc:

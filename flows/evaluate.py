@@ -15,9 +15,10 @@ from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.states import State
 
 from flows.runner import stage_task
-from flows.train import artifact_key
+from flows.train import artifact_key, refused
 from probepo.errors import ExecutionError
 from probepo.evaluations import EvaluationRequest, check_suites, evaluate_checkpoint, missing
 from probepo.presets import ConfigError, load_profile
@@ -80,19 +81,36 @@ def _evaluate(
     return counts
 
 
+def _missing_site_setting(store: str | None, executor: ArrayExecutorName, profile: str | None) -> list[str]:
+    """What an evaluation deployment lacks before it can start (the site's settings fill these)."""
+    problems = [] if store else ["no store given: set the store parameter (or the site's store)"]
+    if executor_for(executor, arrays=True).needs_profile and not profile:
+        problems.append(f"executor {executor} needs a profile: set the profile parameter (or the site's)")
+    return problems
+
+
 @flow(name="evaluate", flow_run_name="evaluate {run_id}", log_prints=True)
 def evaluate(
     run_id: str,
-    store: str = "./store",
+    store: str | None = None,
     checkpoints: list[int] | None = None,
     suites: Sequence[str] = DEFAULT_SUITES,
     executor: ArrayExecutorName = "inline",
     profile: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate checkpoints of run `run_id` (those in `checkpoints`, or all) on `suites` (`heldout`: the run's
-    own eval split; or benchmark names, for maths runs) — only the pairs not evaluated yet.
-    `executor`: inline (this process), local (a subprocess each) or slurm (one job array);
-    `profile`: the execution profile (YAML path) whose `evaluate` resources the jobs get."""
+) -> dict[str, Any] | State:
+    """Evaluate checkpoints of one run on chosen suites — only the pairs not evaluated yet.
+
+    Args:
+        run_id: The run whose checkpoints to evaluate.
+        store: The store that holds it (s3://bucket/prefix or a folder); the site's by default.
+        checkpoints: The updates whose checkpoints to evaluate; empty: all of them.
+        suites: `heldout` (the run's own eval split) or benchmark names, for maths runs.
+        executor: inline (the worker's process), local (a subprocess each) or slurm (one job array).
+        profile: The execution profile (a YAML path on the worker's machine) whose `evaluate` resources the
+            jobs get; needed by slurm.
+    """
+    if problems := _missing_site_setting(store, executor, profile):
+        return refused(f"evaluate {run_id}", problems)
     chosen = check_suites(suites)
     opened = open_store(store)
     opened.read_run(run_id)  # an unknown run fails here, naming the store
@@ -102,12 +120,23 @@ def evaluate(
 
 @flow(name="nightly-eval", flow_run_name="nightly-eval", log_prints=True)
 def nightly_eval(
-    store: str = "./store",
+    store: str | None = None,
     suites: Sequence[str] = DEFAULT_SUITES,
     executor: ArrayExecutorName = "slurm",
     profile: str | None = None,
-) -> dict[str, Any]:
-    """Evaluate every checkpoint of every run in `store` that lacks an evaluation on `suites`, as one job
-    array (split to the cluster's MaxArraySize); what is there already is never done again."""
+) -> dict[str, Any] | State:
+    """Evaluate every checkpoint of every run in a store that lacks an evaluation on the suites, as one job
+    array (split to the cluster's MaxArraySize); what is there already is never done again.
+
+    Args:
+        store: The team's store (s3://bucket/prefix or a shared folder); the site's by default, and the
+            flow refuses to start without one.
+        suites: `heldout` (each run's own eval split) or benchmark names, for maths runs.
+        executor: slurm (job arrays), local (a subprocess each) or inline (the worker's process).
+        profile: The execution profile (a YAML path on the worker's machine) whose `evaluate` resources the
+            array tasks get; needed by slurm.
+    """
+    if problems := _missing_site_setting(store, executor, profile):
+        return refused("nightly-eval", problems)
     requests = missing(open_store(store), check_suites(suites))
     return _evaluate(requests, executor, profile, "nightly-eval")

@@ -14,13 +14,14 @@ from typing import TypeVar
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.states import Completed, State
 
 from probepo.execution import StageRequest, StageRunner
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from slurm import JobRunner
 from slurm.accounting import JobInfo
-from slurm.runner import DriverJobRunner
+from slurm.runner import DriverJobRunner, DriverStopped
 
 T = TypeVar("T")
 
@@ -59,7 +60,19 @@ class PrefectStageRunner:
 
     @staticmethod
     def _watch_job(request: StageRequest, job_id: str, wait: Callable[[], JobInfo]) -> JobInfo:
-        return stage_task.with_options(task_run_name=task_name(request, job_id))(wait)
+        stopped: list[DriverStopped] = []
+
+        def waiting() -> JobInfo | State:
+            try:
+                return wait()
+            except DriverStopped as exc:  # the job goes on: this task run stops watching, it did not fail
+                stopped.append(exc)
+                return Completed(message=f"stopped watching job {job_id}, which goes on")
+
+        state = stage_task.with_options(task_run_name=task_name(request, job_id))(waiting, return_state=True)
+        if stopped:
+            raise stopped[0]
+        return state.result()
 
 
 def shown_in_prefect(runner: StageRunner) -> StageRunner | DriverJobRunner:

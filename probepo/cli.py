@@ -261,19 +261,31 @@ def launch(
     executor: ExecutorOption = "inline",
     profile: ProfileOption = None,
     deployment: Annotated[
-        str, typer.Option("--deployment", help="The Prefect deployment to run (flow/deployment).")
-    ] = "train/train",
+        str | None,
+        typer.Option(
+            "--deployment",
+            help="The Prefect deployment to run (flow/deployment); default: train/<the preset's name>, the"
+            " deployment infra/prefect/deploy.sh makes for it (any train deployment runs the recipe given).",
+        ),
+    ] = None,
 ) -> None:
-    """Create a flow run of the Prefect train deployment, as the UI's Run button does, and print its URL.
-    A worker of the deployment's pool runs it; PREFECT_API_URL names the server."""
+    """Create a flow run of a Prefect train deployment, as the UI's Run button does, and print its URL. The
+    flow's checks run here first (the same one-line refusal); a worker of the deployment's pool runs it;
+    PREFECT_API_URL names the server."""
     run_config = _preset_config(config, algo, updates, sets)
+    from flows.train import launchable
+    from probepo.launch import LaunchError, create_flow_run
+    from probepo.preflight import Refused
+
+    try:
+        launchable(run_config, executor, str(profile) if profile else None)
+    except Refused as exc:
+        raise _fail(f"refused: {exc}") from None
     parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": executor}
     if profile is not None:
         parameters["profile"] = str(profile.resolve())
-    from probepo.launch import LaunchError, create_flow_run
-
     try:
-        typer.echo(create_flow_run(deployment, parameters))
+        typer.echo(create_flow_run(deployment or f"train/{config.stem}", parameters))
     except LaunchError as exc:
         raise _fail(str(exc)) from None
 
@@ -348,6 +360,59 @@ def jobs(
     typer.echo(
         jobs_table(records, attempts) if records else f"run {run_id} has no stage jobs (it ran inline)"
     )
+
+
+@app.command()
+def logs(
+    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run whose job's logs to print.")],
+    update: Annotated[
+        int | None, typer.Option("--update", help="The job of this update (its last one, or --stage's).")
+    ] = None,
+    stage: Annotated[
+        str | None,
+        typer.Option(
+            "--stage",
+            help="The last job of this stage (`driver`: the resident executor's job); see --update.",
+        ),
+    ] = None,
+    store: StoreOption = None,
+    tail: Annotated[
+        int | None, typer.Option("--tail", min=0, help="Print only the last N lines of each file.")
+    ] = None,
+    task: Annotated[
+        int | None, typer.Option("--task", min=0, help="Only this task's files (default: every task's).")
+    ] = None,
+) -> None:
+    """The stdout and stderr of a run's job (default: the last one submitted), each file under a header
+    naming its path; `probepo jobs RUN` lists the jobs."""
+    from slurm import logs as job_logs
+
+    try:
+        opened = open_store(store_url(store))
+        opened.read_run(run_id)
+        records = opened.jobs(run_id)
+    except StoreError as exc:
+        raise _fail(str(exc)) from None
+    if not records:
+        raise _fail(
+            f"run {run_id} has no stage jobs: it ran inline, and its stages logged to the output of the"
+            " command that trained it (jobs come with --executor local, slurm or resident)"
+        )
+    record = job_logs.pick_job(records, update, stage)
+    if record is None:
+        asked = " ".join(
+            f"{name} {value}"
+            for name, value in (("--update", update), ("--stage", stage))
+            if value is not None
+        )
+        raise _fail(
+            f"run {run_id} has no job for {asked}; its stages with jobs: {job_logs.stages_with_jobs(records)}"
+        )
+    tasks = job_logs.task_count(record)
+    if task is not None and task >= tasks:
+        has = "only task 0" if tasks == 1 else f"tasks 0-{tasks - 1}"
+        raise _fail(f"--task {task}: {job_logs.describe(record)} has {has}")
+    typer.echo(job_logs.render(record, tail=tail, task=task))
 
 
 @app.command()

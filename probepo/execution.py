@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import cached_property
@@ -81,8 +82,11 @@ class DriverRunner(Protocol):
 
     resident: bool
 
-    def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
-        """`request` names the driver pseudo-stage of update 0; `ctx` is the waiting process's."""
+    def run_driver(
+        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], None] | None = None
+    ) -> None:
+        """`request` names the driver pseudo-stage of update 0; `ctx` is the waiting process's; `on_poll`
+        is called at each poll of the job while it runs (to follow what it commits)."""
         ...
 
 

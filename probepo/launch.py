@@ -30,7 +30,9 @@ def create_flow_run(deployment: str, parameters: dict[str, Any]) -> str:
             created = client.create_flow_run_from_deployment(target.id, parameters=parameters)
     except ObjectNotFound:
         raise LaunchError(
-            f"no deployment {deployment!r} on {api}: `prefect deploy --all` creates it"
+            f"no deployment {deployment!r} on {api}: infra/prefect/deploy.sh makes one train deployment per"
+            " preset of configs/ and of the site's recipe folders; or pass --deployment train/cpu-demo (any"
+            " train deployment runs the recipe given)"
         ) from None
     except PrefectHTTPStatusError as exc:
         if exc.response.status_code == 401:

@@ -113,7 +113,7 @@ def train(
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
     if isinstance(runner, DriverRunner):
-        _drive_in_a_job(config, run_id, store, runner, tell)
+        _drive_in_a_job(config, run_id, store, runner, tell, progress)
         return store.read_metrics(run_id)
     # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
     origin = (
@@ -155,9 +155,15 @@ def train(
 
 
 def _drive_in_a_job(
-    config: RunConfig, run_id: str, store: ArtifactStore, runner: DriverRunner, tell: SayFn
+    config: RunConfig,
+    run_id: str,
+    store: ArtifactStore,
+    runner: DriverRunner,
+    tell: SayFn,
+    progress: ProgressFn | None,
 ) -> None:
-    """Hand the whole run to one job of `runner` (which takes the lease there) and wait for it."""
+    """Hand the whole run to one job of `runner` (which takes the lease there) and wait for it, telling
+    `progress` of each stage the job commits as its metrics reach the store."""
     start = resume_point(store, run_id, config)
     tell(f"store: {store.url}")
     if start.done:
@@ -171,8 +177,36 @@ def _drive_in_a_job(
     flag = StopFlag()
     with flag.installed(), tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch:
         ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop=flag)
-        runner.run_driver(StageRequest.of(ctx, Stage.DRIVER), ctx)
+        follow = _MetricsFollower(store, run_id, progress) if progress else None
+        runner.run_driver(StageRequest.of(ctx, Stage.DRIVER), ctx, on_poll=follow)
+        if follow is not None:
+            follow()
     tell(f"run {run_id} is complete ({config.num_updates} updates)")
+
+
+class _MetricsFollower:
+    """Tells a ProgressFn of each stage summary that appears in a run's metrics (written by a job), once;
+    the summaries there before it started count as told."""
+
+    def __init__(self, store: ArtifactStore, run_id: str, progress: ProgressFn) -> None:
+        self.store, self.run_id, self.progress = store, run_id, progress
+        self.told = {told for record in store.read_metrics(run_id) for told in self._summaries(record)}
+
+    @staticmethod
+    def _summaries(record: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
+        summaries: dict[tuple[int, str], dict[str, Any]] = {}
+        for key, value in record.items():
+            stage, slash, name = key.partition("/")
+            if slash:
+                summaries.setdefault((int(record["update"]), stage), {})[name] = value
+        return summaries
+
+    def __call__(self) -> None:
+        for record in self.store.read_metrics(self.run_id):
+            for (update, stage), summary in self._summaries(record).items():
+                if (update, stage) not in self.told:
+                    self.told.add((update, stage))
+                    self.progress(update, stage, summary, True)
 
 
 def _update_stages(config: RunConfig, update: int) -> list[str]:

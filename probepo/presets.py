@@ -94,7 +94,7 @@ def _problem(root: type[BaseModel], error: Mapping[str, Any], named: bool) -> st
         fields = ", ".join(model.model_fields) if model else ""
         return f"{field}no such field (the fields{' of ' + parent if parent else ''}: {fields})"
     if error["type"] == "value_error" or info is None:  # a rule across fields: its message says it all
-        return f"{dotted}: {message}"
+        return f"{dotted}: {message}" if loc else message
     return f"{field}{error.get('input')!r} is refused: {message}; allowed: {_allowed(info)}"
 
 

@@ -15,6 +15,7 @@ case "${1:-}" in
     fi
     bash infra/slurm/install.sh >&2
     bash infra/browser/install.sh  # not a service: the UI tests' browser
+    bash infra/prefect/install.sh  # PostgreSQL, the Prefect server's database
     : >.services.env
     chmod 600 .services.env  # it holds the Prefect API's password
     for service in slurm s3 prefect; do  # each starts with the environment of those before it

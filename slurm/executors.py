@@ -28,6 +28,9 @@ class Executor:
     """Its stage runner, given its backend (checked already) and the execution profile."""
     arrays: bool = True
     """It can run many small jobs at once (the nightly evaluation's arrays)."""
+    needs_profile: bool = False
+    """Its jobs need the site's execution profile (partitions, job folder): an unattended flow refuses to
+    start without one."""
 
     @property
     def in_process(self) -> bool:
@@ -43,13 +46,17 @@ EXECUTORS: dict[str, Executor] = {
         lambda backend, profile: JobRunner(backend, profile),
     ),
     "slurm": Executor(
-        "a SLURM job per stage", SlurmBackend, lambda backend, profile: JobRunner(backend, profile)
+        "a SLURM job per stage",
+        SlurmBackend,
+        lambda backend, profile: JobRunner(backend, profile),
+        needs_profile=True,
     ),
     "resident": Executor(
         "one SLURM job runs the driver and every stage, engines resident: what checkpoint_every > 1 needs",
         SlurmBackend,
         lambda backend, profile: DriverJobRunner(backend, profile),
         arrays=False,
+        needs_profile=True,
     ),
 }
 

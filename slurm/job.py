@@ -165,8 +165,10 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     store = open_store(request.store_url)
     cancellations = len(store.cancellations(request.run_id))
     say = lambda line: print(line, flush=True)  # noqa: E731
+    # beside the job's logs: <job folder>/<run id>/tensorboard, where a flow's driver writes its own
+    events = Path(os.environ["SUBMITIT_FOLDER"]) / "tensorboard" if "SUBMITIT_FOLDER" in os.environ else None
     try:
-        train(request.config, request.run_id, store=store, say=say, runner=runner)
+        train(request.config, request.run_id, store=store, say=say, runner=runner, tensorboard_dir=events)
     except Preempted as exc:
         if isinstance(runner, LockstepRunner):
             runner.finish()

@@ -29,6 +29,7 @@ from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome
 from slurm.accounting import JobInfo
 from slurm.backends import Backend, JobFunction, SubmitFailed, SubmitTransient
 from slurm.job import run_driver_job, run_stage_job
+from slurm.logs import log_path
 
 SUBMIT_TRIES = 4
 """Submissions of one job before a run of transient refusals (SubmitTransient) becomes SubmitFailed."""
@@ -58,6 +59,8 @@ class JobRunner:
 
     def __init__(self, backend: Backend, profile: ExecutionProfile, watch: JobWatch | None = None) -> None:
         self.backend, self.profile, self.watch = backend, profile, watch
+        self.on_poll: Callable[[], None] | None = None
+        """Called at each poll of a job in flight."""
         self.submissions = 0
         """Jobs this runner submitted (re-attaching submits nothing)."""
 
@@ -175,6 +178,8 @@ class JobRunner:
             if (info.state, info.node or None) != (job.get("state"), job.get("node")):
                 job.update(state=info.state, node=info.node or None, elapsed=info.elapsed)
                 self._record(store, request, job)
+            if self.on_poll is not None:
+                self.on_poll()
             if not info.alive:
                 return info
             if ctx.should_stop():
@@ -227,7 +232,10 @@ class DriverJobRunner(JobRunner):
     resident = True
     job_function: JobFunction = staticmethod(run_driver_job)
 
-    def run_driver(self, request: StageRequest, ctx: StageContext) -> None:
+    def run_driver(
+        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], None] | None = None
+    ) -> None:
+        self.on_poll = on_poll
         self.run(request, ctx)
 
     @staticmethod
@@ -245,11 +253,12 @@ class DriverJobRunner(JobRunner):
         return None if last is None or AttemptOutcome.of(last) == AttemptOutcome.COMMITTED else last
 
 
-JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome")
+JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome", "log")
 
 
 def jobs_table(records: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> str:
-    """`probepo jobs`: one line per submitted job, with how many attempts its stage has."""
+    """`probepo jobs`: one line per submitted job, with how many attempts its stage has and, last, the path of
+    its task 0's stdout (`probepo logs` prints its files)."""
     per_stage: dict[tuple[int, str], int] = {}
     for attempt in attempts:
         key = (attempt.get("update", 0), attempt.get("stage", ""))
@@ -265,6 +274,7 @@ def jobs_table(records: list[dict[str, Any]], attempts: list[dict[str, Any]]) ->
             str(r.get("elapsed") or "-"),
             str(per_stage.get((r.get("update", 0), r.get("stage", "")), 0)),
             str(r.get("outcome", "")),
+            str(log_path(r) or "-"),
         )
         for r in sorted(records, key=lambda r: (r.get("update", 0), r.get("submitted_at", "")))
     ]

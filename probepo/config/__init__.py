@@ -1,5 +1,6 @@
-"""Every configuration model of the project, in one place: the run's recipe (`run.py`: what is computed)
-and the execution profile (`execution.py`: where each stage runs, never part of the recipe).
+"""Every configuration model of the project, in one place: the run's recipe (`run.py`: what is computed),
+the execution profile (`execution.py`: where each stage runs, never part of the recipe) and the site's
+settings (`site.py`: what the Prefect deployments open on).
 
 The same pydantic models are the YAML presets in `configs/`, the CLI's input and the Prefect flows'
 parameters (each field's docstring becomes the help text of the UI form). Invalid values are rejected
@@ -18,6 +19,7 @@ from probepo.config.run import (
     TaskConfig,
     WarmupConfig,
 )
+from probepo.config.site import SiteConfig
 
 __all__ = [
     "NOT_RECIPE",
@@ -28,6 +30,7 @@ __all__ = [
     "OptimConfig",
     "RunConfig",
     "SamplingConfig",
+    "SiteConfig",
     "StageResources",
     "TaskConfig",
     "WarmupConfig",

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from probepo.config.algo import AlgoConfig
 from probepo.config.base import Strict as _Strict
@@ -295,10 +295,22 @@ NOT_RECIPE = frozenset({"store", "checkpoint_every"})
 run.json, so a run may be resumed from another store URL or with another checkpoint interval."""
 
 
+def _nested_defaults_in_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """Write each nested section's default into the JSON schema, which pydantic leaves out for a
+    default_factory: a form built from the schema (Prefect's run form) then opens on the testbed's values
+    (margin 2, lr 2e-4) rather than on the section's own defaults (the study's margin 8, lr 1e-4)."""
+    for name, field in model.model_fields.items():
+        if field.default_factory is not None:
+            default = field.default_factory()  # type: ignore[call-arg]
+            schema["properties"][name]["default"] = default.model_dump(mode="json")
+
+
 class RunConfig(_Strict):
     """One training run. Its defaults are the embedded default: the CPU testbed (tiny GPT, mod-10 chains,
     a local store), with the study's margin and spacing scaled to ~40-token responses (ALGORITHM.md §2.6).
     """
+
+    model_config = ConfigDict(**_Strict.model_config, json_schema_extra=_nested_defaults_in_schema)
 
     seed: int = Field(0, ge=0)
     """Run seed: every prompt batch and every stage's randomness derive from (seed, update, stage)."""
@@ -314,7 +326,7 @@ class RunConfig(_Strict):
     Between full checkpoints optimize commits only its metrics and a digest of the weights; the engines
     stay resident (the inline executor, run inside one allocation), and a resumed run replays the optimize
     stages since the last full checkpoint from their committed rollouts and advantages, generating
-    nothing again (bitwise equal). 1 on the testbed; ~10 for a 7B policy, whose full checkpoint (~100 GB)
+    nothing again (bitwise equal). 1 on the testbed; about 10 for a 7B policy, whose full checkpoint (100 GB)
     costs as much as an update. Not part of the recipe: a resume may change it."""
 
     prompts_per_update: int = Field(16, ge=1)

@@ -7,6 +7,7 @@ API's basic authentication (every call of these tests, and of the worker, carrie
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import re
 import signal
@@ -56,8 +57,8 @@ def test_a_train_run_created_through_the_api_runs_on_the_worker_to_the_drivers_b
     config = tiny_config(num_updates=1, store=warm_store.url)
     with get_client(sync_client=True) as client:
         created = client.create_flow_run_from_deployment(
-            deployments["train"].id,
-            parameters={"config": config.model_dump(mode="json"), "run_id": "deployed"},
+            deployments["train/ui-testbed"].id,
+            parameters={"config": config.model_dump(mode="json"), "run_id": "deployed", "executor": "inline"},
         )
     run = _wait_for_end(created.id)
     assert run.state.is_completed(), run.state.message
@@ -74,7 +75,8 @@ def test_probepo_launch_creates_the_run_the_worker_runs_and_names_an_unreachable
     preset.write_text(
         yaml.safe_dump(tiny_config(num_updates=1, store=warm_store.url).model_dump(mode="json"))
     )
-    command = [sys.executable, "-m", "probepo.cli", "launch", str(preset), "--run-id", "launched"]
+    command = [sys.executable, "-m", "probepo.cli", "launch", str(preset), "--run-id", "launched",
+               "--deployment", "train/ui-testbed"]  # fmt: skip
     launched = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert launched.returncode == 0, launched.stderr
     flow_run_id = UUID(re.search(r"\(([0-9a-f-]{36})\)", launched.stdout).group(1))
@@ -94,7 +96,7 @@ def test_parameters_that_break_the_schema_are_refused_by_the_api(deployments, wa
     data["algo"]["kappa"] = -1.0  # ge=0 in the schema
     with get_client(sync_client=True) as client, pytest.raises(Exception, match=r"409|kappa"):
         client.create_flow_run_from_deployment(
-            deployments["train"].id, parameters={"config": data, "run_id": "deployed-bad"}
+            deployments["train/ui-testbed"].id, parameters={"config": data, "run_id": "deployed-bad"}
         )
     assert "deployed-bad" not in warm_store.runs()
 
@@ -117,7 +119,9 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
         "profile": str(profile_path),
     }
     with get_client(sync_client=True) as client:
-        created = client.create_flow_run_from_deployment(deployments["train"].id, parameters=parameters)
+        created = client.create_flow_run_from_deployment(
+            deployments["train/ui-testbed"].id, parameters=parameters
+        )
         running = _wait_until(lambda: [j for j in _jobs("cancelled", warm_store) if j["state"] == "RUNNING"])
         client.set_flow_run_state(created.id, Cancelling(), force=True)  # what the UI's Cancel does
     job_ids = {str(job["job_id"]) for job in _jobs("cancelled", warm_store)}
@@ -126,6 +130,10 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     run = _wait_for_end(created.id, timeout_s=120)
     assert run.state.is_cancelled(), run.state
     [cancellation] = warm_store.cancellations("cancelled")
+    ended = f"run cancelled cancelled; jobs ended: {', '.join(cancellation['jobs'])}"
+    logs = _flow_run_logs(created.id, until=lambda records: any(ended in r.message for r in records))
+    assert any(ended in record.message for record in logs), [record.message for record in logs]
+    assert not [r for r in logs if r.level >= logging.ERROR or "Traceback" in r.message], logs
     assert set(cancellation["jobs"]) <= job_ids and str(created.id) in cancellation["by"]
     assert not [j for j in _jobs("cancelled", warm_store) if j["outcome"] == "open"]
     listed = subprocess.run(
@@ -137,12 +145,29 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
                         return_state=True)  # fmt: skip
     assert state.is_completed(), state.message
     with get_client(sync_client=True) as client:
-        [shown] = client.read_artifacts(
+        [shown] = client.read_latest_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=["cancelled-resume"]))
         )
     assert "resumed" in shown.data and "at update 0 of 1" in shown.data
     final = warm_store.read_stage("cancelled", 1, "checkpoint")
     assert {name: final[name] for name in FILES} == drill_baseline
+
+
+def _flow_run_logs(flow_run_id, until=lambda records: True, timeout_s: float = 30) -> list:
+    """The flow run's log records (with its task runs'), once `until` holds of them (logs arrive late)."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    records: list = []
+    of_the_run = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id]))
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            records = client.read_logs(log_filter=of_the_run)
+            if until(records):
+                break
+            time.sleep(0.5)
+    return records
 
 
 def _jobs(run_id: str, store) -> list[dict]:
@@ -184,7 +209,7 @@ def test_a_killed_flow_run_is_resumed_by_the_resume_deployment_without_submittin
             "PROBEPO_PAUSE_RELEASE": str(release)}  # fmt: skip
     with get_client(sync_client=True) as client:
         created = client.create_flow_run_from_deployment(
-            deployments["train"].id, parameters=parameters, job_variables={"env": hold}
+            deployments["train/ui-testbed"].id, parameters=parameters, job_variables={"env": hold}
         )
         _wait_until(paused.exists)
         [in_flight] = warm_store.jobs("flow-killed", 0, "sample")
@@ -193,7 +218,7 @@ def test_a_killed_flow_run_is_resumed_by_the_resume_deployment_without_submittin
         assert not _wait_for_end(created.id, timeout_s=120).state.is_completed()
         assert str(in_flight["job_id"]) in _in_squeue()  # the stage job outlived its driver
         resumed = client.create_flow_run_from_deployment(
-            deployments["resume"].id,
+            deployments["resume/resume"].id,
             parameters={"run_id": "flow-killed", "store": warm_store.url, "executor": "slurm",
                         "profile": str(profile_path)},
         )  # fmt: skip
@@ -221,7 +246,7 @@ def test_the_nightly_deployment_is_scheduled_at_two_one_night_at_a_time(deployme
     )
     from prefect.client.schemas.objects import StateType
 
-    nightly = deployments["nightly-eval"]
+    nightly = deployments["nightly-eval/nightly-eval"]
     [schedule] = nightly.schedules
     assert (schedule.schedule.cron, schedule.schedule.timezone, schedule.active) == ("0 2 * * *", "UTC", True)
     assert nightly.global_concurrency_limit.limit == 1

@@ -16,18 +16,21 @@ from tests.pipeline.conftest import tiny_config
 PORTABLE_NUMERICS = {
     "ATEN_CPU_CAPABILITY": "avx2",
     "MKL_CBWR": "COMPATIBLE",
-    "ONEDNN_MAX_CPU_ISA": "AVX2",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
 """The CPU kernels every x86-64 machine with AVX2 runs alike: torch's own kernels at AVX2, MKL in its
-conditional-numerical-reproducibility mode, oneDNN capped at AVX2, one thread. Without them the same code
-gives other bits on an AVX-512 machine than on an AVX2 one (measured: all three libraries change the bits)."""
+conditional-numerical-reproducibility mode, one thread (and oneDNN off: final_digests). Without them the
+same code gives other bits on an AVX-512 machine than on an AVX2 one (measured: all three libraries change
+the bits)."""
 
 
 def final_digests(algorithm: str, store_url: str) -> tuple[str, str]:
     """sha256 of (model.safetensors, optimizer.safetensors) of the tiny recipe's last checkpoint."""
     torch.set_num_threads(1)
+    # oneDNN capped at AVX2 still gave an Intel Xeon other bits than an AMD EPYC (its kernels are
+    # chosen per machine); with it off, torch's fp32 matmuls go to MKL, reproducible under MKL_CBWR.
+    torch.backends.mkldnn.enabled = False
     config = tiny_config(algorithm)
     store = open_store(store_url)
     ensure_warmup(config, store)

@@ -1,0 +1,33 @@
+"""A site's settings: what the Prefect deployments of a team open on (store, executor, profile, and the
+team's own recipe presets). `infra/prefect/deploy.sh` writes them into every deployment's parameters: a
+flow run sees the worker's environment, which the UI's form cannot show or change."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from probepo.config.base import Strict
+
+
+class SiteConfig(Strict):
+    """The site file (`PROBEPO_SITE`, else `site.yaml` in the checkout; configs/sites/example.yaml shows
+    one). Relative paths are from the site file's folder."""
+
+    store: str | None = Field(None, min_length=1)
+    """Where the team's runs live: `s3://bucket/prefix` or a folder every node shares. Every train
+    deployment's recipe gets it, and the resume, evaluate and nightly deployments default to it. None:
+    each recipe keeps its own store (the testbed's `./store`, in the worker's checkout) and the nightly
+    evaluation refuses to start."""
+
+    executor: str = "inline"
+    """Where the deployments' stages run: inline (the worker's process: a laptop or a CPU testbed), local
+    (a subprocess per stage), slurm (a SLURM job per stage) or resident (one SLURM job runs every stage).
+    The evaluation deployments take slurm for resident (they run job arrays)."""
+
+    profile: str | None = None
+    """The execution profile (YAML) of the SLURM jobs: partitions, GPUs, job folder. Needed by slurm and
+    resident."""
+
+    recipes: tuple[str, ...] = ()
+    """Folders of the team's own recipe presets (`*.yaml`): each gets a train deployment beside those of
+    configs/, named after its file (a name both places use is refused)."""

@@ -1,0 +1,73 @@
+"""flows/deployments.py, what deploy.sh deploys: a train deployment per recipe preset opening on that
+preset, the site's store, executor and profile in every deployment's parameters, and a site file with a
+bad field, a bad executor or a preset name used twice refused in one line naming it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from flows.deployments import deployments, load_site
+from probepo.config import RunConfig
+from probepo.presets import ConfigError, load_run_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+def _site(tmp_path: Path, **fields: object) -> Path:
+    path = tmp_path / "site.yaml"
+    path.write_text(yaml.safe_dump(fields))
+    return path
+
+
+def test_every_preset_is_a_train_deployment_opening_on_it_with_the_sites_defaults(tmp_path):
+    (tmp_path / "recipes").mkdir()
+    (tmp_path / "recipes" / "team.yaml").write_text("# Our recipe.\nnum_updates: 3\n")
+    (tmp_path / "profile.yaml").write_text("poll_s: 2\n")
+    settings = {"store": "s3://team/runs", "executor": "resident", "profile": "profile.yaml"}
+    site, folder = load_site(_site(tmp_path, **settings, recipes=["recipes"]))
+    made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
+    presets = {path.stem for path in CONFIGS.glob("*.yaml")} | {"team"}
+    assert {name for name, entry in made.items() if entry["entrypoint"].endswith(":train")} == presets
+    recipe = made["deepseekmath-7b-sft"]
+    expected = load_run_config(CONFIGS / "deepseekmath-7b-sft.yaml", {"store": "s3://team/runs"})
+    assert RunConfig.model_validate(recipe["parameters"]["config"]) == expected
+    assert recipe["description"].startswith("The study's DeepSeekMath-7B-SFT recipe")
+    profile = str(tmp_path / "profile.yaml")
+    assert recipe["parameters"]["executor"] == "resident" and recipe["parameters"]["profile"] == profile
+    assert made["team"]["parameters"]["config"]["num_updates"] == 3
+    assert made["team"]["description"] == "Our recipe. (recipes/team.yaml)"
+    nightly = {"store": "s3://team/runs", "executor": "slurm", "profile": profile}
+    assert made["nightly-eval"]["parameters"] == nightly
+    assert made["nightly-eval"]["schedules"][0]["cron"] == "0 2 * * *"  # the rest of prefect.yaml kept
+    assert made["resume"]["parameters"]["executor"] == "resident"
+
+
+def test_without_a_site_the_deployments_keep_their_defaults(monkeypatch):
+    monkeypatch.delenv("PROBEPO_SITE", raising=False)
+    monkeypatch.setattr("flows.deployments.SITE_FILE", Path("/nonexistent/site.yaml"))
+    site, folder = load_site(None)
+    made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
+    assert made["cpu-demo"]["parameters"]["config"] == RunConfig().model_dump(mode="json")
+    assert made["nightly-eval"]["parameters"] == {"executor": "inline", "profile": None}  # no store: refuses
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"executor": "slrum"}, "executor 'slrum': choose one of inline, local, slurm, resident"),
+        ({"stor": "s3://x"}, "stor: no such field; did you mean store?"),
+        ({"profile": "missing.yaml"}, "missing.yaml: cannot read the execution profile"),
+        ({"recipes": ["."]}, "a preset named"),
+    ],
+)
+def test_a_bad_site_file_is_refused_naming_the_field(tmp_path, fields, message):
+    if fields.get("recipes"):
+        (tmp_path / "cpu-demo.yaml").write_text("num_updates: 1\n")  # a name configs/ already uses
+    path = _site(tmp_path, **fields)
+    with pytest.raises(ConfigError) as refused:
+        site, folder = load_site(path)
+        deployments(site, folder)
+    assert message in str(refused.value) and "\n" not in str(refused.value)
