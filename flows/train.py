@@ -40,12 +40,13 @@ from probepo.execution import StageRunner
 from probepo.pipeline import recorded_updates, resume_point
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
-from probepo.preflight import Refused, preflight
-from probepo.presets import ConfigError, load_profile, validate_run_config, with_overrides
+from probepo.preflight import Refused
+from probepo.presets import ConfigError, validate_run_config, with_overrides
 from probepo.report import load_curves, markdown
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
 from slurm import JobRunner, make_runner
+from slurm.check import check_launch
 from slurm.executors import ExecutorName
 
 
@@ -136,19 +137,18 @@ def publish_report(store: ArtifactStore, run_id: str) -> None:
 
 def launchable(
     config: RunConfig | dict[str, Any], executor: str, profile: str | None
-) -> tuple[RunConfig, ExecutionProfile, StageRunner]:
-    """What the train flow checks before it submits anything — the recipe's rules across fields, the
-    profile, the executor (its cluster answers), the model's and data's files, the store — as the recipe,
-    the profile and the stage runner; raises Refused naming every problem found."""
-    data = config.model_dump(mode="json") if isinstance(config, RunConfig) else config
+) -> tuple[RunConfig, ExecutionProfile, StageRunner, list[str]]:
+    """What the train flow checks before it submits anything (`probepo check`'s checks, bar the probe
+    job: recipe, profile, executor and its site, model, data, store) as the recipe, the profile, the stage
+    runner and the warnings; raises Refused naming every problem found."""
+    checked = check_launch(config, executor, profile)
+    checked.findings.refuse()
+    assert checked.config is not None and checked.profile is not None
     try:
-        checked = validate_run_config(data, "config")
-        execution = load_profile(profile)
-        runner = make_runner(executor, execution)
-    except (ConfigError, ExecutionError) as exc:
+        runner = make_runner(executor, checked.profile)
+    except ExecutionError as exc:  # the cluster went away since the check
         raise Refused(str(exc).splitlines()) from None
-    preflight(checked)
-    return checked, execution, runner
+    return checked.config, checked.profile, runner, checked.findings.warnings
 
 
 def _drive(
@@ -160,7 +160,9 @@ def _drive(
 ) -> list[dict[str, Any]] | State:
     logger = get_run_logger()
     try:
-        config, execution, runner = launchable(config, executor, profile)
+        config, execution, runner, warnings = launchable(config, executor, profile)
+        for warning in warnings:
+            logger.warning(warning)
         store = store or open_store(config.store)
         show_resume_point(store, run_id, config)
     except Refused as exc:

@@ -17,6 +17,7 @@ import typer
 import yaml
 
 from probepo import __version__
+from probepo.cli_site import check, stage
 from probepo.config import RunConfig
 from probepo.config.algo import Algorithm
 from probepo.errors import ExecutionError
@@ -40,6 +41,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(store_app, name="store")
+app.command("check")(check)
+app.command("stage")(stage)
 
 TensorboardOption = Annotated[
     Path | None,
@@ -278,9 +281,11 @@ def launch(
     from probepo.preflight import Refused
 
     try:
-        launchable(run_config, executor, str(profile) if profile else None)
+        *_, warnings = launchable(run_config, executor, str(profile) if profile else None)
     except Refused as exc:
         raise _fail(f"refused: {exc}") from None
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
     parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": executor}
     if profile is not None:
         parameters["profile"] = str(profile.resolve())

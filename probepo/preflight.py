@@ -1,17 +1,30 @@
-"""What a launch verifies before it submits anything: the recipe's model and data are where its jobs will
-look for them, and its store answers. A flow run (or `probepo launch`) refuses a run that fails, with one
-line per problem naming the field or file and what to do, instead of a job failing minutes or hours later.
+"""What a launch verifies before it submits anything, on the login node and in seconds: the recipe's rules
+(the tokenizer-dependent ones included), the model's files, the data and the store. `probepo check`, the
+train and resume flows and `probepo launch` all run these (the cluster's part is slurm/site.py's); a run
+that fails one is refused with one line per problem naming the field or file and what to do, instead of a
+job failing minutes or hours into an allocation.
 
-Nothing here loads a model or contacts the Hugging Face hub: compute nodes usually cannot reach it, so a
-hub id counts only when its files are in the local cache.
+Nothing here loads a model's weights or contacts the Hugging Face hub: compute nodes usually cannot reach
+it, so a hub id counts only when its files are in the local cache.
 """
 
 from __future__ import annotations
 
+import json
+import struct
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from probepo.config import RunConfig
 from probepo.store import StoreError, open_store
+
+TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
+"""Any one of these sets is a tokenizer transformers can load (fast, SentencePiece, byte-level BPE)."""
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+OPTIMIZER_BYTES = 8
+"""Adam's two moments, float32, per parameter."""
 
 
 class Refused(ValueError):
@@ -22,71 +35,269 @@ class Refused(ValueError):
         self.problems = problems
 
 
-def model_problems(config: RunConfig) -> list[str]:
-    """The policy of a Hugging Face recipe is readable without the network: a folder with its config, a
-    GGUF file, or a hub id whose config is in the local hub cache."""
-    if config.model.kind != "hf":
-        return []
+@dataclass
+class Findings:
+    """What a check found: `failures` (each one line: what, and how to fix it), `warnings` (it may run, but
+    read this) and `passed` (what was checked and found in order, with its figures)."""
+
+    failures: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    passed: list[str] = field(default_factory=list)
+
+    def extend(self, other: Findings) -> Findings:
+        self.failures += other.failures
+        self.warnings += other.warnings
+        self.passed += other.passed
+        return self
+
+    def refuse(self) -> None:
+        """Raise Refused naming every failure, if any."""
+        if self.failures:
+            raise Refused(self.failures)
+
+
+def model_folder(config: RunConfig, found: Findings) -> Path | None:
+    """The local folder (or GGUF file) of a Hugging Face recipe's policy, or None with a failure recorded:
+    a folder, a GGUF file, or a hub id whose snapshot is in the local hub cache."""
     from probepo.engines.hf.loading import resolve_source
 
     named = f"model.pretrained = {config.model.pretrained}"
     try:
         source = resolve_source(config.model.pretrained)
     except (FileNotFoundError, ValueError) as exc:
-        return [f"{named}: {exc}"]
+        found.failures.append(f"{named}: {exc}")
+        return None
     path = Path(source)
     if path.suffix == ".gguf":
-        return [] if path.is_file() else [f"{named}: no such GGUF file"]
-    if path.exists():
-        if (path / "config.json").is_file():
-            return []
-        return [f"{named}: not a Hugging Face model folder (no config.json beside its tokenizer and weights)"]
-    if path.is_absolute() or source.startswith("."):
-        return [f"{named}: no such folder"]
-    try:
+        if path.is_file():
+            return path
+        found.failures.append(f"{named}: no such GGUF file")
+        return None
+    if path.exists() or path.is_absolute() or source.startswith("."):
+        if path.is_dir():
+            return path
+        found.failures.append(f"{named}: no such folder")
+        return None
+    try:  # huggingface_hub reads HF_HUB_CACHE when imported: a check runs in the launcher's environment
         from huggingface_hub import constants, try_to_load_from_cache
     except ImportError:
-        return [f"{named}: a hub id needs huggingface_hub (the `hf` extra: scripts/venv.sh hf)"]
-
-    if isinstance(try_to_load_from_cache(source, "config.json"), str):
-        return []
-    return [
+        found.failures.append(f"{named}: a hub id needs huggingface_hub (the `hf` extra: scripts/venv.sh hf)")
+        return None
+    cached = try_to_load_from_cache(source, "config.json")
+    if isinstance(cached, str):
+        return Path(cached).parent
+    found.failures.append(
         f"{named}: not a local folder and not in the Hugging Face cache ({constants.HF_HUB_CACHE}), and"
         f" jobs do not download: fetch it where the hub is reachable (`hf download {source}`) into a cache"
         " the compute nodes share (HF_HUB_CACHE), or set model.pretrained to a local folder"
-    ]
+    )
+    return None
 
 
-def data_problems(config: RunConfig) -> list[str]:
-    """Every benchmark file a maths recipe reads (its eval split, its evaluation sets, its training sets)
-    is where the jobs will look."""
-    if config.task.kind != "math" or config.task.source != "benchmarks":
-        return []
-    from probepo.data.benchmarks import BENCHMARKS, benchmarks_root
-
-    root = benchmarks_root(config.task.benchmarks_root)
-    names = dict.fromkeys([config.task.eval_set, *config.eval.benchmarks, *config.task.train_sources])
-    return [
-        f"benchmark {name}: {root / BENCHMARKS[name].folder / BENCHMARKS[name].file} not found; set"
-        f" task.benchmarks_root (or PROBEPO_BENCHMARKS) to the folder holding the benchmark sets"
-        for name in names
-        if not (root / BENCHMARKS[name].folder / BENCHMARKS[name].file).is_file()
-    ]
+def weight_shards(folder: Path) -> list[str]:
+    """The safetensors files a model folder's weights are in (its index's shards, or the one file)."""
+    index = folder / WEIGHTS_INDEX_FILE
+    if index.is_file():
+        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    return [WEIGHTS_FILE]
 
 
-def store_problems(url: str) -> list[str]:
-    """The store opens and answers a listing (reachable, credentials accepted)."""
+def safetensors_parameters(path: Path) -> int:
+    """The number of parameters in a safetensors file, from its header alone (no tensor is read)."""
+    with path.open("rb") as file:
+        (length,) = struct.unpack("<Q", file.read(8))
+        header = json.loads(file.read(length))
+    count = 0
+    for name, entry in header.items():
+        if name != "__metadata__":
+            size = 1
+            for dimension in entry["shape"]:
+                size *= dimension
+            count += size
+    return count
+
+
+@dataclass
+class ModelFiles:
+    """What the model check found of a Hugging Face policy."""
+
+    folder: Path | None = None
+    """Its folder (or GGUF file); None when not found."""
+    parameters: int | None = None
+    """Its parameter count from the weights' headers; None when unknown (GGUF, or not found)."""
+
+
+def model_files(config: RunConfig) -> tuple[Findings, ModelFiles]:
+    """A Hugging Face policy's config, tokenizer and every weight shard are present, their headers
+    readable."""
+    found = Findings()
+    if config.model.kind != "hf":
+        return found, ModelFiles()
+    folder = model_folder(config, found)
+    if folder is None:
+        return found, ModelFiles()
+    named = f"model.pretrained = {config.model.pretrained}"
+    if folder.suffix == ".gguf":
+        found.passed.append(f"model: {folder} (GGUF: weights and tokenizer in one file)")
+        return found, ModelFiles(folder)
+    missing = [] if (folder / "config.json").is_file() else ["config.json"]
+    if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILES):
+        missing.append("a tokenizer (tokenizer.json, tokenizer.model, or vocab.json with merges.txt)")
     try:
-        open_store(url).runs()
+        shards = weight_shards(folder)
+    except (json.JSONDecodeError, KeyError) as exc:
+        found.failures.append(f"{named}: {folder / WEIGHTS_INDEX_FILE} is not a weights index ({exc})")
+        return found, ModelFiles()
+    missing += [shard for shard in shards if not (folder / shard).is_file()]
+    if missing:
+        found.failures.append(
+            f"{named}: {folder} lacks {', '.join(missing)}: copy the model's complete folder (a"
+            " download interrupted midway leaves shards out)"
+        )
+        return found, ModelFiles()
+    try:
+        parameters = sum(safetensors_parameters(folder / shard) for shard in shards)
+    except (OSError, ValueError, KeyError, struct.error) as exc:
+        found.failures.append(f"{named}: a weight shard of {folder} is unreadable ({exc}): copy it again")
+        return found, ModelFiles()
+    found.passed.append(
+        f"model: {folder}: config, tokenizer, {len(shards)} weight shard(s),"
+        f" {parameters / 1e9:.2f} B parameters"
+    )
+    return found, ModelFiles(folder, parameters)
+
+
+def trainer_memory_gb(config: RunConfig, parameters: int, ranks: int) -> dict[str, float]:
+    """GB per GPU the trainer holds before activations: weights, gradients and Adam's state, split over
+    `ranks` as the recipe's ZeRO stage splits them (the hf trainer: one device holds all)."""
+    model = config.model
+    width = 2 if model.dtype == "bfloat16" else 4
+    shards = ranks if model.trainer == "deepspeed" else 1
+    master = 4 if model.trainer == "deepspeed" and width == 2 else 0  # ZeRO keeps float32 masters
+    gb = parameters / 1e9
+    return {
+        "weights": gb * width / (shards if model.zero_stage == 3 and shards > 1 else 1),
+        "gradients": gb * width / shards,
+        "optimizer": gb * (OPTIMIZER_BYTES + master) / shards,
+    }
+
+
+def memory_warning(
+    config: RunConfig, parameters: int, ranks: int, gpu_memory_gb: float | None, resident: bool
+) -> str:
+    """The trainer's memory per GPU in numbers, against the GPU's memory when the profile gives it, and
+    vLLM's share of the GPU when the engine shares it with the trainer (`resident`)."""
+    parts = trainer_memory_gb(config, parameters, ranks)
+    need = sum(parts.values())
+    sharding = f"ZeRO-{config.model.zero_stage}" if config.model.trainer == "deepspeed" else "the hf trainer"
+    detail = ", ".join(f"{name} {value:.1f}" for name, value in parts.items())
+    text = (
+        f"memory: {parameters / 1e9:.2f} B parameters train on {ranks} GPU(s) with {sharding}: about"
+        f" {need:.1f} GB per GPU ({detail}) before activations"
+    )
+    if gpu_memory_gb is None:
+        return text + "; give the profile's gpu_memory_gb to compare it with the GPUs"
+    share = config.model.vllm_memory if resident and config.model.generator == "vllm" else 0.0
+    left = gpu_memory_gb * (1 - share)
+    verdict = "leaving" if need <= left else "MORE than"
+    vllm = f" after vLLM's {share:.0%}" if share else ""
+    return f"{text}: {verdict} the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}"
+
+
+def task_findings(config: RunConfig, model: ModelFiles) -> Findings:
+    """The data a recipe reads, and the rules that need its tokenizer: every benchmark file present (with
+    its rows), the training set free of evaluation problems, the rescue suffix tokenizable, and the
+    longest prompt with its response within the model's context."""
+    found = Findings()
+    if config.task.kind != "math":
+        return found  # the testbed tasks' rules ran when the recipe was validated
+    if config.task.source == "benchmarks":
+        from probepo.data.benchmarks import BENCHMARKS, BenchmarkFormatError, benchmarks_root, load_benchmark
+
+        root = benchmarks_root(config.task.benchmarks_root)
+        for name in dict.fromkeys([config.task.eval_set, *config.eval.benchmarks]):
+            path = root / BENCHMARKS[name].folder / BENCHMARKS[name].file
+            if not path.is_file():
+                found.failures.append(
+                    f"benchmark {name}: {path} not found: set task.benchmarks_root (or PROBEPO_BENCHMARKS)"
+                    " to the folder holding the benchmark sets, on a file system the jobs share"
+                )
+                continue
+            try:
+                found.passed.append(f"data: benchmark {name}: {len(load_benchmark(name, root))} rows")
+            except BenchmarkFormatError as exc:
+                found.failures.append(f"benchmark {name}: {exc}")
+        if found.failures:
+            return found
+    return found.extend(_tokenized_task(config, model))
+
+
+def _tokenized_task(config: RunConfig, model: ModelFiles) -> Findings:
+    """Build the task as a job would (its tokenizer, its training problems and their contamination check)
+    and check what depends on them."""
+    from probepo.data import build_task
+    from probepo.data.contamination import ContaminationError
+
+    found = Findings()
+    try:
+        task = build_task(config.task, config.model)
+    except ContaminationError as exc:
+        return Findings(failures=[f"task.train_sources: {exc}"])
+    except (OSError, ValueError) as exc:
+        return Findings(failures=[f"task: {str(exc).splitlines()[0]}"])
+    rows = {split: len(problems) for split, problems in task.problems.items()}
+    found.passed.append(f"data: training and eval problems {rows}, none an evaluation problem")
+    suffix = task.tokenizer.encode(config.algo.rescue_suffix) if config.algo.rescue_tokens else []
+    longest = task.longest_prompt() + config.sampling.max_tokens + len(suffix) + config.algo.rescue_tokens
+    context = _model_context(model.folder)
+    if context is not None and longest > context:
+        found.failures.append(
+            f"sampling.max_tokens = {config.sampling.max_tokens}: the longest prompt"
+            f" ({task.longest_prompt()} tokens) + max_tokens + rescue = {longest} tokens is past the"
+            f" model's context of {context}: lower sampling.max_tokens or algo.rescue_tokens"
+        )
+    else:
+        of = f"of the model's {context}" if context else "(the model's context is checked when it loads)"
+        found.passed.append(f"context: longest prompt + response + rescue = {longest} tokens {of}")
+    return found
+
+
+def _model_context(folder: Path | None) -> int | None:
+    """The policy's context (max_position_embeddings of its config, or of its text config), if readable."""
+    try:
+        data: dict[str, Any] = json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return None
+    value = data.get("text_config", data).get("max_position_embeddings")
+    return int(value) if value else None
+
+
+def store_findings(url: str) -> Findings:
+    """The store answers a listing (reachable, credentials accepted), takes a write and a delete, and
+    honours the conditional requests exactly-once rests on (probepo/store/capabilities.py, run afresh)."""
+    from probepo.store.capabilities import missing_conditionals
+
+    try:
+        store = open_store(url)
+        runs = len(store.runs())
+        lacks = missing_conditionals(store.objects)
     except StoreError as exc:
-        return [str(exc)]
-    except OSError as exc:  # a local folder that cannot be made or read
-        return [f"store {url}: {exc.strerror or exc}"]
-    return []
+        return Findings(failures=[str(exc)])
+    except OSError as exc:  # a local folder that cannot be made or written
+        return Findings(failures=[f"store {url}: {exc.strerror or exc}: give a folder you can write"])
+    if lacks:
+        return Findings(
+            failures=[
+                f"store {url}: its endpoint does not honour conditional requests ({'; '.join(lacks)}): two"
+                " writers could both commit a stage or hold a lease: use an endpoint that honours them"
+            ]
+        )
+    return Findings(passed=[f"store: {url}: {runs} run(s), writable, conditional requests honoured"])
 
 
-def preflight(config: RunConfig) -> None:
-    """Raise Refused naming every problem of `config` that its jobs would meet."""
-    problems = [*model_problems(config), *data_problems(config), *store_problems(config.store)]
-    if problems:
-        raise Refused(problems)
+def preflight(config: RunConfig) -> tuple[Findings, ModelFiles]:
+    """Everything about `config` its jobs would meet, bar the cluster: model files, data, store."""
+    found, model = model_files(config)
+    if not found.failures:
+        found.extend(task_findings(config, model))
+    return found.extend(store_findings(config.store)), model

@@ -164,8 +164,12 @@ def load_run_config(
     `blame` names the command-line option behind each override, so that an invalid value is reported
     against it (`--set algo.kappa`) rather than against the file. Raises ConfigError (a ValueError).
     """
-    data = _read_yaml(path, "preset")
-    return validate_run_config(_set_dotted(data, overrides or {}), str(path), blame)
+    return validate_run_config(_set_dotted(preset_fields(path), overrides or {}), str(path), blame)
+
+
+def preset_fields(path: str | PathLike[str]) -> dict[str, Any]:
+    """A YAML preset's fields, not yet validated (`probepo check` reports what fails with the rest)."""
+    return _read_yaml(path, "preset")
 
 
 def load_profile(path: str | PathLike[str] | None) -> ExecutionProfile:

@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from probepo.config import ExecutionProfile, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRequest
+from probepo.preflight import Findings
 from slurm import accounting
 from slurm.accounting import JobInfo
 
@@ -89,6 +90,11 @@ class Backend(Protocol):
         """The last lines of the job's stderr (task 0)."""
         ...
 
+    def site_findings(self, stages: Iterable[str]) -> Findings:
+        """What the site says of the profile's resources for `stages` and of its job folder (probepo
+        check): one line for each problem, naming the stage and the fix."""
+        ...
+
 
 def submitit_stderr_tail(folder: Path, job_id: str, lines: int = 15) -> str:
     """The last lines of a submitit job's stderr (task 0), read with retries: on a shared file system the
@@ -136,8 +142,9 @@ class SlurmBackend:
 
     def parameters(self, job_name: str, resources: StageResources) -> dict[str, object]:
         """submitit SlurmExecutor parameters for one submission (a stage's job, or an array)."""
-        # The batch script sets SUBMITIT_EXECUTOR for the step it starts: srun passes only listed names.
-        exported = sorted({*self.profile.exported(dict(os.environ)), "SUBMITIT_EXECUTOR"})
+        # sbatch --export filters what the job gets of this environment; the ranks' srun then passes on the
+        # job's own environment whole, with what the setup lines exported (module load, conda activate).
+        exported = sorted(self.profile.exported(dict(os.environ)))
         parameters: dict[str, object] = {
             "job_name": job_name,
             "nodes": resources.nodes,
@@ -146,7 +153,12 @@ class SlurmBackend:
             "time": resources.time_min,
             "signal_delay_s": resources.signal_grace_s,
             "setup": list(resources.setup),
-            "additional_parameters": {"export": ",".join(exported), "requeue": True},
+            "srun_args": ["--export=ALL", *resources.srun_args],
+            "additional_parameters": {
+                **resources.sbatch_extra,
+                "export": ",".join(exported) or "NONE",
+                "requeue": True,
+            },
         }
         optional = {
             "partition": resources.partition,
@@ -163,7 +175,7 @@ class SlurmBackend:
     def _executor(self, folder: Path, job_name: str, resources: StageResources) -> Any:
         import submitit
 
-        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0)
+        executor = submitit.SlurmExecutor(folder=folder, max_num_timeout=0, python=self.profile.python)
         executor.update_parameters(**self.parameters(job_name, resources))
         return executor
 
@@ -201,6 +213,27 @@ class SlurmBackend:
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         return submitit_stderr_tail(folder, job_id, lines)
+
+    def site_findings(self, stages: Iterable[str]) -> Findings:
+        from slurm import site
+
+        try:
+            found = site.read_site()
+        except (RuntimeError, OSError, subprocess.TimeoutExpired) as exc:
+            return Findings(failures=[f"slurm: could not read the site's settings: {exc}"])
+        by_resources: dict[str, tuple[list[str], StageResources]] = {}
+        for stage in stages:  # each set of resources once, named by where the profile sets it
+            resources = self.profile.resources(stage)
+            where = f"stages.{stage}" if stage in self.profile.stages else "defaults"
+            named = by_resources.setdefault(resources.model_dump_json(), ([], resources))[0]
+            named += [] if where in named else [where]
+        findings = Findings()
+        partitions = []
+        for named, resources in by_resources.values():
+            findings.extend(site.stage_findings(found, ", ".join(named), resources))
+            partitions.append(resources.partition or found.default_partition or "")
+        findings.extend(site.preemption_findings(found, partitions, self.profile))
+        return findings.extend(site.job_folder_findings(found, self.profile, partitions))
 
 
 def chunks(count: int, size: int) -> list[range]:
@@ -256,7 +289,7 @@ class LocalBackend:
         """Nothing to check: the local executor needs no service."""
 
     def _executor(self, folder: Path, **parameters: object) -> Any:
-        executor = _local_executor_class()(folder=folder)
+        executor = _local_executor_class()(folder=folder, python=self.profile.python)
         executor.processes = self._processes
         executor.update_parameters(**parameters)
         return executor
@@ -299,6 +332,11 @@ class LocalBackend:
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         return submitit_stderr_tail(folder, job_id, lines)
+
+    def site_findings(self, stages: Iterable[str]) -> Findings:
+        from slurm.site import job_folder_findings
+
+        return job_folder_findings(None, self.profile, [])
 
 
 def _process_alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ from typing import Literal
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.execution import InlineRunner, StageRunner
+from probepo.schedule import Stage
 from slurm.backends import Backend, LocalBackend, SlurmBackend
 from slurm.runner import DriverJobRunner, JobRunner
 
@@ -31,6 +32,8 @@ class Executor:
     needs_profile: bool = False
     """Its jobs need the site's execution profile (partitions, job folder): an unattended flow refuses to
     start without one."""
+    stages: tuple[Stage, ...] = ()
+    """The stages it submits as jobs, whose resources `probepo check` verifies against the site."""
 
     @property
     def in_process(self) -> bool:
@@ -38,18 +41,23 @@ class Executor:
         return self.backend is None
 
 
+STAGE_JOBS = tuple(stage for stage in Stage if stage != Stage.DRIVER)
+"""What the executors with a job per stage submit: every stage."""
+
 EXECUTORS: dict[str, Executor] = {
     "inline": Executor("this process", None, lambda backend, profile: InlineRunner()),
     "local": Executor(
         "a subprocess per stage (submitit's LocalExecutor)",
         LocalBackend,
         lambda backend, profile: JobRunner(backend, profile),
+        stages=STAGE_JOBS,
     ),
     "slurm": Executor(
         "a SLURM job per stage",
         SlurmBackend,
         lambda backend, profile: JobRunner(backend, profile),
         needs_profile=True,
+        stages=STAGE_JOBS,
     ),
     "resident": Executor(
         "one SLURM job runs the driver and every stage, engines resident: what checkpoint_every > 1 needs",
@@ -57,6 +65,7 @@ EXECUTORS: dict[str, Executor] = {
         lambda backend, profile: DriverJobRunner(backend, profile),
         arrays=False,
         needs_profile=True,
+        stages=(Stage.DRIVER,),
     ),
 }
 

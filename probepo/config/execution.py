@@ -39,6 +39,7 @@ DEFAULT_ENV_ALLOW = (
     "AWS_MAX_ATTEMPTS",
     "AWS_RETRY_MODE",
     "HF_HOME",
+    "HF_HUB_CACHE",
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "TORCH_EXTENSIONS_DIR",
@@ -47,6 +48,35 @@ DEFAULT_ENV_ALLOW = (
 """What a job sees of the submitting environment by default: paths, locale, thread counts (bitwise
 equality depends on them), where the AWS settings and credential files are, and probepo's own settings.
 Never credentials themselves: a job reaches S3 through a shared credentials file or an instance role."""
+
+SBATCH_EXTRA = frozenset(
+    {
+        "exclusive",
+        "gres",
+        "reservation",
+        "exclude",
+        "nodelist",
+        "gpu_bind",
+        "gpu_freq",
+        "mem_per_gpu",
+        "mem_per_cpu",
+        "hint",
+        "licenses",
+        "comment",
+        "mail_type",
+        "mail_user",
+        "wckey",
+        "switches",
+        "network",
+        "core_spec",
+        "threads_per_core",
+        "ntasks_per_socket",
+        "distribution",
+    }
+)
+"""The sbatch options `sbatch_extra` may set (long names, `_` for `-`): those the named fields do not cover
+and that change where or how a job runs, not what probepo relies on (--signal, --requeue, --export,
+--output and the job's name are probepo's own)."""
 
 _SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL(?!S_FILE)|^AWS_ACCESS_KEY_ID$", re.IGNORECASE)
 
@@ -98,6 +128,10 @@ class StageResources(Strict):
     cpus_per_task: int = Field(1, ge=1)
     """CPUs per rank (sbatch --cpus-per-task)."""
 
+    gpu_memory_gb: float | None = Field(None, gt=0)
+    """Memory of each of the job's GPUs in GB (141 for an H200), asked nothing of SLURM: `probepo check`
+    compares the trainer's estimated memory per GPU with it. None: the estimate is shown alone."""
+
     mem_gb: float | None = Field(None, gt=0)
     """Memory per node in GB (sbatch --mem); None: the partition's default."""
 
@@ -112,7 +146,31 @@ class StageResources(Strict):
     """Node features required (sbatch --constraint), e.g. `h200`."""
 
     setup: tuple[str, ...] = ()
-    """Shell lines run before the job starts, e.g. `module load cuda/12.4` or `source venv/bin/activate`."""
+    """Shell lines the job's batch script runs before it starts the ranks, e.g. `module load cuda/12.4`,
+    `source /shared/conda/bin/activate probepo` or `export NCCL_IB_HCA=mlx5`: what they export reaches
+    the stage (the ranks' srun passes the job's own environment on)."""
+
+    srun_args: tuple[str, ...] = ()
+    """Extra arguments of the srun that starts the job's ranks, e.g. pyxis's
+    `--container-image=/shared/probepo.sqsh` and `--container-mounts=/shared:/shared`."""
+
+    sbatch_extra: dict[str, str | int | bool] = Field(default_factory=dict)
+    """sbatch options the fields above do not name, by long name (`_` or `-`): e.g. `exclusive: true`,
+    `gres: gpu:h200:8`, `reservation: my-res`, `exclude: gpu[07-08]`, `gpu_bind: closest` (true: a flag
+    without a value). Only the options of probepo.config.execution.SBATCH_EXTRA; others are refused."""
+
+    @field_validator("sbatch_extra")
+    @classmethod
+    def _known_sbatch_options(cls, options: dict[str, str | int | bool]) -> dict[str, str | int | bool]:
+        named = {key.replace("-", "_"): value for key, value in options.items()}
+        unknown = sorted(set(named) - SBATCH_EXTRA)
+        if unknown:
+            raise ValueError(
+                f"sbatch_extra names {', '.join(unknown)}, which it may not set: use the named fields for"
+                f" partition, account, qos, nodes, tasks, GPUs, CPUs, memory and time; allowed here:"
+                f" {', '.join(sorted(SBATCH_EXTRA))}"
+            )
+        return named
 
 
 class ExecutionProfile(Strict):
@@ -123,9 +181,19 @@ class ExecutionProfile(Strict):
     """submitit's folder (job scripts, pickled submissions, logs), one subfolder per run. On a cluster it
     must be shared by the submitting node and the compute nodes (not /tmp)."""
 
+    python: str | None = None
+    """The command that starts the job's Python, e.g. `apptainer exec --nv /shared/probepo.sif python`,
+    `podman run … python` or `/shared/conda/envs/probepo/bin/python`; None: this interpreter
+    (sys.executable), which must then be on a file system the compute nodes share."""
+
     env_allow: tuple[str, ...] = DEFAULT_ENV_ALLOW
-    """Names of the environment variables a job receives (sbatch --export), `PREFIX_*` patterns allowed.
-    Names of credentials (…SECRET…, …TOKEN…, AWS_ACCESS_KEY_ID, …) are refused."""
+    """Names of the environment variables a job receives of the submitting environment (sbatch --export),
+    `PREFIX_*` patterns allowed: setting it replaces the default list (env_allow_extra adds to it). Names
+    of credentials (…SECRET…, …TOKEN…, AWS_ACCESS_KEY_ID, …) are refused."""
+
+    env_allow_extra: tuple[str, ...] = ()
+    """Names (or `PREFIX_*` patterns) added to env_allow, e.g. `NCCL_*` or `CUDA_HOME`; credentials
+    refused as there."""
 
     defaults: StageResources = Field(default_factory=StageResources)
     """Resources of every stage not listed in `stages`, and of the fields a listed stage leaves out."""
@@ -146,7 +214,7 @@ class ExecutionProfile(Strict):
     """A submission the scheduler refused for a passing reason (controller busy or unreachable) is tried
     again after this many seconds times the number of tries so far, 4 tries in all."""
 
-    @field_validator("env_allow")
+    @field_validator("env_allow", "env_allow_extra")
     @classmethod
     def _no_secrets(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         secrets = [name for name in names if _SECRET.search(name)]
@@ -176,6 +244,6 @@ class ExecutionProfile(Strict):
         return {
             name: value
             for name, value in environ.items()
-            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.env_allow)
+            if any(fnmatch.fnmatchcase(name, pattern) for pattern in (*self.env_allow, *self.env_allow_extra))
             and not _SECRET.search(name)
         }

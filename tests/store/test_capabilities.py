@@ -65,3 +65,20 @@ def test_the_probe_passes_a_local_folder():
         assert missing_conditionals(LocalObjectStore(folder)) == []
         left = os.listdir(os.path.join(folder, "capabilities"))
         assert [name for name in left if not name.startswith(".")] == []  # the local store's locks stay
+
+
+def test_probepo_check_refuses_an_endpoint_ignoring_conditionals(ignoring_server, monkeypatch, tmp_path):
+    from slurm.check import check_launch
+    from tests.pipeline.conftest import tiny_config
+
+    for name, value in isolated_aws_env(ignoring_server).items():
+        monkeypatch.setenv(name, value)
+    admin = boto3.client("s3", endpoint_url=ignoring_server.endpoint_url, region_name="us-east-1")
+    bucket = f"test-{uuid.uuid4().hex[:16]}"
+    admin.create_bucket(Bucket=bucket)
+    recipe = tiny_config("probepo").model_dump(mode="json")
+    found = check_launch(recipe, "inline", None, store=f"s3://{bucket}/lab").findings
+    (failure,) = found.failures
+    assert failure.startswith(f"S3 endpoint {ignoring_server.endpoint_url}, store s3://{bucket}/lab/ cannot")
+    assert "a create-only PUT (If-None-Match: *) of an existing key was not refused" in failure
+    assert _keys(admin, bucket) == []

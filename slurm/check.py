@@ -1,0 +1,190 @@
+"""`probepo check` and the launch checks of the flows: a recipe, an execution profile, an executor and a
+store checked together before anything is submitted — the recipe's rules, the model's files and memory,
+the data, the store (probepo/preflight.py) and the site of the executor's backend (slurm/site.py) — and,
+on request, a one-minute probe job that imports what the recipe needs in the job's own interpreter.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shlex
+import shutil
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from probepo.config import ExecutionProfile, RunConfig
+from probepo.errors import ExecutionError
+from probepo.preflight import Findings, memory_warning, preflight
+from probepo.presets import ConfigError, load_profile, validate_run_config
+from probepo.schedule import Stage
+from slurm.executors import Executor, executor_for
+
+PROBE_JOB_WAIT_S = 300.0
+"""How long `--probe-job` waits for its job (pending included) before it cancels it and says so."""
+
+
+@dataclass
+class Checked:
+    """The outcome of a check: its findings, and what parsed (None where it did not)."""
+
+    findings: Findings
+    config: RunConfig | None = None
+    profile: ExecutionProfile | None = None
+    executor: Executor | None = None
+
+
+def check_launch(
+    config: RunConfig | dict[str, Any],
+    executor: str,
+    profile: str | os.PathLike[str] | None,
+    *,
+    store: str | None = None,
+    probe_job: bool = False,
+    source: str = "config",
+) -> Checked:
+    """Every check of a launch of `config` (a recipe, or its fields, read from `source`) with `executor` and
+    `profile` (a YAML path), the store being `store` if given, else the recipe's. Never raises for what it
+    checks."""
+    found = Findings()
+    data = config.model_dump(mode="json") if isinstance(config, RunConfig) else dict(config)
+    if store is not None:
+        data["store"] = store
+    checked = Checked(found)
+    try:
+        checked.config = validate_run_config(data, source)
+        c = checked.config
+        found.passed.append(
+            f"recipe: {source}: {c.algo.algorithm} on {c.task.kind} with the {c.model.kind} model,"
+            " every rule across fields holds"
+        )
+    except ConfigError as exc:
+        found.failures += str(exc).splitlines()
+    try:
+        checked.profile = load_profile(profile)
+        checked.executor = executor_for(executor)
+        backend = None if checked.executor.in_process else checked.executor.backend(checked.profile)
+        if backend is not None:
+            backend.check()
+    except (ConfigError, ExecutionError) as exc:
+        found.failures += str(exc).splitlines()
+        return checked
+    if checked.config is not None:
+        run_found, model = preflight(checked.config)
+        found.extend(run_found)
+        if model.parameters is not None:
+            found.extend(_memory(checked.config, checked.profile, checked.executor, model.parameters))
+    if backend is not None:
+        found.extend(_python_findings(checked.profile))
+        found.extend(backend.site_findings(checked.executor.stages))
+        if probe_job and not found.failures:
+            found.extend(run_probe_job(checked, backend))
+    return checked
+
+
+def _python_findings(profile: ExecutionProfile) -> Findings:
+    """The profile's `python` prefix names a program this node has (the compute nodes must have it too:
+    `--probe-job` runs it there)."""
+    if profile.python is None:
+        return Findings()
+    try:
+        program = shlex.split(profile.python)[0]
+    except (ValueError, IndexError):
+        problem = f"profile python = {profile.python!r}: not a command line: fix the profile"
+        return Findings(failures=[problem])
+    if shutil.which(program) is None:
+        return Findings(
+            warnings=[
+                f"profile python = {profile.python!r}: {program} is not on this node's PATH; the compute"
+                " nodes must have it (`probepo check --probe-job` runs it there)"
+            ]
+        )
+    return Findings(passed=[f"python: jobs start `{profile.python}`"])
+
+
+def _trainer_stage(executor: Executor) -> Stage:
+    return Stage.DRIVER if Stage.DRIVER in executor.stages else Stage.OPTIMIZE
+
+
+def _memory(config: RunConfig, profile: ExecutionProfile, executor: Executor, parameters: int) -> Findings:
+    """The trainer's memory per GPU as a warning with its numbers, where the trainer's job has GPUs."""
+    if executor.in_process:
+        return Findings()
+    resources = profile.resources(_trainer_stage(executor))
+    gpus = resources.gpus_per_node or resources.gpus_per_task * resources.tasks_per_node
+    if not gpus:
+        return Findings()
+    ranks = resources.nodes * resources.tasks_per_node
+    resident = _trainer_stage(executor) == Stage.DRIVER
+    return Findings(warnings=[memory_warning(config, parameters, ranks, resources.gpu_memory_gb, resident)])
+
+
+def needed_modules(config: RunConfig | None) -> list[str]:
+    """What a job of the recipe imports beyond the core: vLLM and DeepSpeed where the recipe uses them."""
+    modules = ["probepo", "torch"]
+    if config is not None and config.model.generator == "vllm":
+        modules.append("vllm")
+    if config is not None and config.model.trainer == "deepspeed":
+        modules.append("deepspeed")
+    return modules
+
+
+def job_environment(modules: list[str]) -> dict[str, Any]:
+    """Run inside the probe job: the interpreter, each module's version (or its import error) and the GPUs
+    the job sees."""
+    versions: dict[str, str] = {}
+    for name in modules:
+        try:
+            versions[name] = str(getattr(importlib.import_module(name), "__version__", "?"))
+        except Exception as exc:  # any import failure is the finding
+            versions[name] = f"ERROR {type(exc).__name__}: {exc}"
+    gpus = "unknown"
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        gpus = f"{torch.cuda.device_count()} CUDA device(s)"
+        if torch.cuda.is_available():
+            gpus += ": " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    return {
+        "host": socket.gethostname(),
+        "python": sys.executable,
+        "versions": versions,
+        "gpus": gpus,
+        "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
+    }
+
+
+def run_probe_job(checked: Checked, backend: Any) -> Findings:
+    """Submit `job_environment` as one short job with the trainer stage's resources and report it."""
+    from pathlib import Path
+
+    assert checked.profile is not None and checked.executor is not None
+    stage = _trainer_stage(checked.executor)
+    resources = checked.profile.resources(stage).model_copy(update={"time_min": 5})
+    folder = Path(checked.profile.job_folder).resolve() / "check"
+    modules = needed_modules(checked.config)
+    (job,) = backend.submit_arrays(job_environment, [modules], resources, folder)[0]
+    deadline = time.monotonic() + PROBE_JOB_WAIT_S
+    while not job.done():
+        if time.monotonic() > deadline:
+            job.cancel(check=False)
+            return Findings(
+                failures=[
+                    f"probe job {job.job_id} ({stage}'s resources) did not run within {PROBE_JOB_WAIT_S:g} s"
+                    " (the partition is busy, or the request cannot be met): cancelled; see `squeue`"
+                ]
+            )
+        time.sleep(1.0)
+    try:
+        report = job.result()
+    except Exception as exc:  # the job's own failure, with its stderr
+        lines = str(exc).strip().splitlines()
+        return Findings(failures=[f"probe job {job.job_id} failed: {lines[-1] if lines else exc}"])
+    broken = {name: v for name, v in report["versions"].items() if v.startswith("ERROR")}
+    text = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
+    line = f"probe job {job.job_id} on {report['host']}: {report['python']}; {text}; {report['gpus']}"
+    if broken:
+        return Findings(failures=[f"{line}: fix the profile's setup lines so the job's Python has them"])
+    return Findings(passed=[line])

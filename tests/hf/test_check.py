@@ -1,0 +1,73 @@
+"""`probepo check`'s model and data checks on the tiny Qwen recipe: a missing tokenizer file, a missing
+weight shard and a missing benchmark file each refused with one line naming the file, without loading a
+model; a context too short for the longest prompt and its response refused naming the field."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from slurm.check import check_launch
+from tests.hf.tiny_qwen import TinyQwen, qwen_config
+
+pytestmark = pytest.mark.integration
+
+
+def _copy(tiny_qwen: TinyQwen, tmp_path: Path) -> Path:
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_qwen.folder, folder)
+    return folder
+
+
+def _failures(folder: Path, tmp_path: Path, **fields: object) -> list[str]:
+    recipe = qwen_config(folder, store=str(tmp_path / "store"), **fields).model_dump(mode="json")
+    return check_launch(recipe, "inline", None).findings.failures
+
+
+def test_a_missing_tokenizer_file(tiny_qwen, tmp_path):
+    folder = _copy(tiny_qwen, tmp_path)
+    (folder / "tokenizer.json").unlink()
+    (failure,) = _failures(folder, tmp_path)
+    assert failure == (
+        f"model.pretrained = {folder}: {folder} lacks a tokenizer (tokenizer.json, tokenizer.model, or"
+        " vocab.json with merges.txt): copy the model's complete folder (a download interrupted midway"
+        " leaves shards out)"
+    )
+
+
+def test_a_missing_weight_shard(tiny_qwen, tmp_path):
+    folder = _copy(tiny_qwen, tmp_path)
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    (folder / "model.safetensors").rename(folder / first)
+    index = {"metadata": {}, "weight_map": {"model.embed_tokens.weight": first, "lm_head.weight": second}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    (failure,) = _failures(folder, tmp_path)
+    assert failure.startswith(f"model.pretrained = {folder}: {folder} lacks {second}: copy the model's")
+
+
+def test_a_missing_benchmark_file(tiny_qwen, tmp_path):
+    empty = tmp_path / "benchmarks"
+    empty.mkdir()
+    task = {"kind": "math", "source": "benchmarks", "eval_set": "math500", "benchmarks_root": str(empty)}
+    (failure,) = _failures(tiny_qwen.folder, tmp_path, task=task)
+    assert failure.startswith(f"benchmark math500: {empty}")
+    assert "\n" not in failure
+
+
+def test_a_context_too_short(tiny_qwen, tmp_path):
+    folder = _copy(tiny_qwen, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 16}))
+    (failure,) = _failures(folder, tmp_path)
+    assert failure.startswith("sampling.max_tokens = 12: the longest prompt (")
+    assert failure.endswith("past the model's context of 16: lower sampling.max_tokens or algo.rescue_tokens")
+
+
+def test_the_tiny_qwen_recipe_passes_inline(tiny_qwen, tmp_path):
+    recipe = qwen_config(tiny_qwen.folder, store=str(tmp_path / "store")).model_dump(mode="json")
+    found = check_launch(recipe, "inline", None).findings
+    assert (found.failures, found.warnings) == ([], [])
+    assert [line.split(":")[0] for line in found.passed] == ["recipe", "model", "data", "context", "store"]

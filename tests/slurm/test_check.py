@@ -1,0 +1,156 @@
+"""`probepo check` against the real SLURM cluster (infra/slurm: partitions low, high and short, 8 fake GPUs a
+node, preempt_send_user_signal): each site problem refused with its one line, table-driven; the testbed
+and the tiny Qwen recipes passing; a site without preempt_send_user_signal warned about; the probe job
+run on the cluster through the command line."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from slurm import site
+from slurm.check import check_launch
+from tests.hf.tiny_qwen import TinyQwen, qwen_config
+from tests.pipeline.conftest import tiny_config
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _profile(tmp_path: Path, **fields: object) -> str:
+    data = {"job_folder": str(tmp_path / "jobs"), **fields}
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return str(path)
+
+
+def _recipe(tmp_path: Path) -> dict:
+    return tiny_config("probepo", store=str(tmp_path / "store")).model_dump(mode="json")
+
+
+SITE_PROBLEMS = [
+    ("a missing partition", {"defaults": {"partition": "gpu-h200"}}, "partition 'gpu-h200' does not exist"),
+    ("a missing account", {"defaults": {"account": "other-lab"}}, "account 'other-lab' is not one of yours"),
+    ("a missing QOS", {"defaults": {"qos": "premium"}}, "QOS 'premium' does not exist (QOS: normal)"),
+    (
+        "a time limit over MaxTime",
+        {"defaults": {"partition": "short", "time_min": 90}},
+        "time_min = 90 is over partition short's MaxTime of 60 minutes",
+    ),
+    (
+        "9 GPUs on an 8-GPU node",
+        {"stages": {"optimize": {"gpus_per_node": 9}}},
+        "9 GPUs per node asked, but partition low's nodes have at most 8",
+    ),
+]
+
+
+@pytest.mark.parametrize(("problem", "profile", "line"), SITE_PROBLEMS, ids=[c[0] for c in SITE_PROBLEMS])
+def test_a_site_problem_is_one_line_naming_the_fix(slurm_cluster, tmp_path, problem, profile, line):
+    where = "stages.optimize" if "stages" in profile else "defaults"
+    found = check_launch(_recipe(tmp_path), "slurm", _profile(tmp_path, **profile)).findings
+    assert len(found.failures) == 1, found.failures
+    assert found.failures[0].startswith(line)
+    assert "\n" not in found.failures[0]
+    assert found.failures[0].endswith(f" the execution profile's {where}")
+
+
+def test_a_job_folder_no_other_node_sees_is_refused(slurm_cluster, tmp_path, monkeypatch):
+    """On this one-node cluster /tmp is every node's; with its node taken for another machine, it is not."""
+    profile = _profile(tmp_path)
+    assert check_launch(_recipe(tmp_path), "slurm", profile).findings.failures == []
+    monkeypatch.setattr(site, "_is_this_host", lambda node: False)
+    (failure,) = check_launch(_recipe(tmp_path), "slurm", profile).findings.failures
+    assert failure.startswith(f"job_folder = {tmp_path / 'jobs'} is on this machine's own disk")
+    assert "set the profile's job_folder to a shared file system" in failure
+
+
+def test_a_site_without_the_user_signal_at_preemption_is_warned_about(slurm_cluster, tmp_path, monkeypatch):
+    profile = _profile(tmp_path)
+    found = check_launch(_recipe(tmp_path), "slurm", profile).findings
+    assert found.warnings == []
+    assert any("low (GraceTime 10 s) send the job's USR2 at preemption" in line for line in found.passed)
+
+    real = site.read_site()
+    config = {**real.config, "SlurmctldParameters": "(null)"}
+    monkeypatch.setattr(site, "read_site", lambda: dataclasses.replace(real, config=config))
+    found = check_launch(_recipe(tmp_path), "slurm", profile).findings
+    (warning,) = found.warnings
+    assert warning.startswith("preemption: preempt/partition_prio may preempt jobs in low (GraceTime 10 s)")
+    assert "ask the admins for SlurmctldParameters=preempt_send_user_signal" in warning
+    assert found.failures == []
+
+
+def test_the_testbed_and_the_tiny_qwen_recipes_pass(slurm_cluster, tmp_path, tiny_qwen: TinyQwen):
+    profile = _profile(tmp_path, defaults={"partition": "low", "time_min": 30})
+    testbed = check_launch(_recipe(tmp_path), "resident", profile).findings
+    assert (testbed.failures, testbed.warnings) == ([], [])
+    assert any(line.startswith("slurm: defaults: partition low") for line in testbed.passed)
+
+    qwen = qwen_config(tiny_qwen.folder, store=str(tmp_path / "store")).model_dump(mode="json")
+    gpus = _profile(
+        tmp_path,
+        defaults={"partition": "low"},
+        stages={"optimize": {"gpus_per_node": 2, "tasks_per_node": 2, "gpu_memory_gb": 80}},
+    )
+    found = check_launch(qwen, "slurm", gpus).findings
+    assert found.failures == []
+    assert any(line.startswith("model: ") and "1 weight shard(s)" in line for line in found.passed)
+    assert any(line.startswith("context: ") for line in found.passed)
+    (memory,) = found.warnings  # the trainer's memory in numbers, for the optimize job's 2 GPUs
+    assert memory.startswith("memory: 0.01 B parameters train on 2 GPU(s) with the hf trainer")
+    assert memory.endswith("leaving the 80.0 GB of each 80 GB GPU")
+
+
+def test_the_probe_job_reports_the_jobs_interpreter(slurm_cluster, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text(yaml.safe_dump(_recipe(tmp_path)))
+    profile = _profile(tmp_path, defaults={"partition": "low"})
+    done = subprocess.run(
+        [sys.executable, "-m", "probepo.cli", "check", str(recipe), "--profile", profile, "--probe-job"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    (line,) = [line for line in done.stdout.splitlines() if line.startswith("ok   probe job ")]
+    assert f"{sys.executable}; probepo " in line and ", torch 2.13.0" in line
+    assert line.endswith("0 CUDA device(s)")  # fake gres: no driver, and torch is the CPU build
+    assert done.stdout.splitlines()[-1] == "ready: 0 failure(s), 0 warning(s)"
+
+
+def test_check_exits_2_listing_every_failure(slurm_cluster, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    data = _recipe(tmp_path)
+    data["algo"]["rescue_suffix"] = "\\boxed{"  # a cross-field rule: the testbed task cannot tokenize it
+    recipe.write_text(yaml.safe_dump(data))
+    profile = _profile(tmp_path, defaults={"partition": "short", "time_min": 90, "qos": "premium"})
+    done = subprocess.run(
+        [sys.executable, "-m", "probepo.cli", "check", str(recipe), "--profile", profile],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+    assert done.returncode == 2
+    failures = [line for line in done.stdout.splitlines() if line.startswith("FAIL ")]
+    assert len(failures) == 3, done.stdout
+    assert failures[0].startswith(f"FAIL {recipe}: algo.rescue_suffix = '\\\\boxed{{' cannot be tokenized")
+    assert done.stdout.splitlines()[-1] == "refused: 3 failure(s), 0 warning(s)"
+
+
+def test_a_python_prefix_missing_here_is_warned_about(slurm_cluster, tmp_path):
+    profile = _profile(tmp_path, python="apptainer exec --nv /shared/probepo.sif python")
+    found = check_launch(_recipe(tmp_path), "slurm", profile).findings
+    (warning,) = found.warnings
+    assert warning.startswith("profile python = 'apptainer exec --nv /shared/probepo.sif python': apptainer")
+    assert found.failures == []
+    found = check_launch(_recipe(tmp_path), "slurm", _profile(tmp_path, python=sys.executable)).findings
+    assert f"python: jobs start `{sys.executable}`" in found.passed and found.warnings == []

@@ -1,0 +1,69 @@
+"""A site's environment on the real cluster: the drill recipe's stage jobs started in a container
+(bubblewrap, through the profile's `python` prefix, with a hostname of its own) commit and end bitwise
+equal to the inline run; a variable a `setup:` line exports reaches the job's ranks; `sbatch_extra`
+options reach the job's submission."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from probepo.config import ExecutionProfile, StageResources
+from slurm.backends import SlurmBackend
+from tests.slurm.conftest import drill_config
+from tests.slurm.drill import Drill
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+
+CONTAINER_HOST = "probepo-container"
+
+
+def _profile_file(tmp_path: Path, profile: ExecutionProfile) -> Path:
+    path = tmp_path / "profile.yaml"
+    path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_defaults=True)))
+    return path
+
+
+def test_stage_jobs_in_a_container_commit_the_inline_runs_bits(
+    slurm_cluster, warm_store, drill_baseline, tmp_path
+):
+    bwrap = shutil.which("bwrap")
+    assert bwrap, "bubblewrap is installed by infra/slurm/install.sh"
+    container = f"{bwrap} --bind / / --dev /dev --proc /proc --unshare-uts --hostname {CONTAINER_HOST}"
+    profile = ExecutionProfile(
+        job_folder=str(tmp_path / "jobs"),
+        poll_s=0.3,
+        python=f"{container} --die-with-parent {sys.executable}",
+        defaults=StageResources(partition="low", time_min=15, signal_grace_s=30),
+    )
+    drill = Drill(warm_store, "contained", tmp_path, _profile_file(tmp_path, profile), drill_config())
+    drill.train()
+    drill.finish()
+    drill.check(drill_baseline)
+    hosts = {attempt["host"] for attempt in warm_store.attempts("contained", 0, "optimize")}
+    assert hosts == {CONTAINER_HOST}  # the stage ran inside the container
+
+
+def test_setup_exports_and_sbatch_options_reach_the_job(slurm_cluster, tmp_path):
+    profile = ExecutionProfile(
+        job_folder=str(tmp_path / "jobs"),
+        defaults=StageResources(
+            partition="low",
+            time_min=5,
+            setup=("export PROBEPO_TEST_MODULE=loaded-by-setup",),
+            sbatch_extra={"comment": "probepo-site-test", "exclusive": True},
+        ),
+    )
+    backend = SlurmBackend(profile)
+    (job,) = backend.submit_arrays(os.getenv, ["PROBEPO_TEST_MODULE"], profile.resources("sample"), tmp_path)[
+        0
+    ]
+    assert job.result() == "loaded-by-setup"  # what the setup line exported, seen by the rank
+    script = Path(job.paths.submission_file).read_text()
+    assert "#SBATCH --comment=probepo-site-test" in script and "#SBATCH --exclusive" in script
+    assert "--export=ALL" in script
