@@ -204,6 +204,17 @@ def memory_warning(
     return f"{text}: {verdict} the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}"
 
 
+def benchmark_names(config: RunConfig) -> list[str]:
+    """Every benchmark set the recipe reads: its eval split, evaluation sets and training sources, and for
+    a MATH training set the six evaluation sets its contamination check compares against."""
+    if config.task.kind != "math" or config.task.source != "benchmarks":
+        return []
+    from probepo.data.benchmarks import AVG6_BENCHMARKS
+
+    names = [config.task.eval_set, *config.eval.benchmarks, *config.task.train_sources]
+    return list(dict.fromkeys([*names, *AVG6_BENCHMARKS]))
+
+
 def task_findings(config: RunConfig, model: ModelFiles) -> Findings:
     """The data a recipe reads, and the rules that need its tokenizer: every benchmark file present (with
     its rows), the training set free of evaluation problems, the rescue suffix tokenizable, and the
@@ -215,7 +226,7 @@ def task_findings(config: RunConfig, model: ModelFiles) -> Findings:
         from probepo.data.benchmarks import BENCHMARKS, BenchmarkFormatError, benchmarks_root, load_benchmark
 
         root = benchmarks_root(config.task.benchmarks_root)
-        for name in dict.fromkeys([config.task.eval_set, *config.eval.benchmarks]):
+        for name in benchmark_names(config):
             path = root / BENCHMARKS[name].folder / BENCHMARKS[name].file
             if not path.is_file():
                 found.failures.append(

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from probepo.config import RunConfig
+from probepo.preflight import benchmark_names
 
 MANIFEST = "manifest.json"
 RECIPE = "recipe.yaml"
@@ -86,17 +87,6 @@ def stage_model(config: RunConfig, folder: Path, staged: Staged) -> str | None:
         shutil.copytree(path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".cache", ".git*"))
     staged.sources.append(f"model: {origin} -> {target}")
     return str(target)
-
-
-def benchmark_names(config: RunConfig) -> list[str]:
-    """Every benchmark set the recipe reads: its eval split, evaluation sets and training sources, and for
-    a MATH training set the six evaluation sets its contamination check compares against."""
-    if config.task.kind != "math" or config.task.source != "benchmarks":
-        return []
-    from probepo.data.benchmarks import AVG6_BENCHMARKS
-
-    names = [config.task.eval_set, *config.eval.benchmarks, *config.task.train_sources]
-    return list(dict.fromkeys([*names, *AVG6_BENCHMARKS]))
 
 
 def _hub_rows(snapshot: Path, config: str | None, split: str | None) -> list[dict[str, Any]]:

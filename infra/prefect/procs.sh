@@ -2,13 +2,8 @@
 # Sourced by the scripts of infra/prefect (not run): the processes they start in the background, each the
 # leader of a process group of its own (setsid), its pid in a file.
 
-# live PID: the process exists and is no zombie (PID 1 may reap a dead daemon seconds late).
-live() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
+# shellcheck source=../process.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../process.sh"
 
 # alive PIDFILE: the process the file names runs, and is no recycled pid (its command line names prefect).
 alive() {

@@ -38,14 +38,8 @@ pidfile_of() {
   esac
 }
 
-# True if process $1 exists and is not a zombie. Daemons are reparented to PID 1, which may reap
-# late (it does here): a dead daemon can linger as a zombie, and kill -0 succeeds on zombies.
-alive() {
-  local stat
-  stat=$(cat "/proc/$1/stat" 2>/dev/null) || return 1
-  stat=${stat##*) }
-  [[ ${stat%% *} != Z ]]
-}
+# shellcheck source=../process.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../process.sh"
 
 # Prints the pid of daemon $1 if its pid file names a live process of that program.
 # Checking /proc/PID/comm guards against a stale pid file whose pid was reused.
@@ -57,7 +51,7 @@ live_pid() {
   [[ -n $pid ]] || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
   [[ $comm == "$1"* ]] || return 1
-  alive "$pid" || return 1
+  live "$pid" || return 1
   echo "$pid"
 }
 

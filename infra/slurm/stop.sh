@@ -54,7 +54,7 @@ wait_gone() { # wait_gone SECONDS PID...
   shift
   while :; do
     left=0
-    for pid in "$@"; do alive "$pid" && left=1; done
+    for pid in "$@"; do live "$pid" && left=1; done
     [[ $left -eq 0 ]] && return 0
     ((SECONDS >= deadline)) && return 1
     sleep 0.1

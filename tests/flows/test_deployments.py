@@ -134,7 +134,10 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     logs = _flow_run_logs(created.id, until=lambda records: any(ended in r.message for r in records))
     assert any(ended in record.message for record in logs), [record.message for record in logs]
     assert not [r for r in logs if r.level >= logging.ERROR or "Traceback" in r.message], logs
-    assert set(cancellation["jobs"]) <= job_ids and str(created.id) in cancellation["by"]
+    # the driver may have submitted the next stage's job before the cancellation reached it: ended too
+    recorded = {str(job["job_id"]) for job in _jobs("cancelled", warm_store)}
+    assert set(cancellation["jobs"]) <= recorded and not recorded & _in_squeue()
+    assert str(created.id) in cancellation["by"]
     assert not [j for j in _jobs("cancelled", warm_store) if j["outcome"] == "open"]
     listed = subprocess.run(
         [sys.executable, "-m", "probepo.cli", "store", "ls", "cancelled", "--store", warm_store.url],

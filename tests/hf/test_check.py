@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from probepo.data.benchmarks import AVG6_BENCHMARKS
 from slurm.check import check_launch
 from tests.hf.tiny_qwen import TinyQwen, qwen_config
 
@@ -52,9 +53,12 @@ def test_a_missing_benchmark_file(tiny_qwen, tmp_path):
     empty = tmp_path / "benchmarks"
     empty.mkdir()
     task = {"kind": "math", "source": "benchmarks", "eval_set": "math500", "benchmarks_root": str(empty)}
-    (failure,) = _failures(tiny_qwen.folder, tmp_path, task=task)
-    assert failure.startswith(f"benchmark math500: {empty}")
-    assert "\n" not in failure
+    failures = _failures(tiny_qwen.folder, tmp_path, task=task)
+    # the eval split, the training source, and the evaluation sets its contamination check reads
+    named = [failure.split(":")[0] for failure in failures]
+    assert named == [f"benchmark {name}" for name in ("math500", "math_test", *AVG6_BENCHMARKS[1:])]
+    assert failures[0].startswith(f"benchmark math500: {empty / 'math500' / 'test.jsonl'} not found: set")
+    assert all("\n" not in failure for failure in failures)
 
 
 def test_a_context_too_short(tiny_qwen, tmp_path):
