@@ -14,6 +14,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from probepo.config import ExecutionProfile, RunConfig
@@ -63,25 +64,29 @@ def check_launch(
         )
     except ConfigError as exc:
         found.failures += str(exc).splitlines()
+    backend = None
     try:
         checked.profile = load_profile(profile)
         checked.executor = executor_for(executor)
-        backend = None if checked.executor.in_process else checked.executor.backend(checked.profile)
-        if backend is not None:
+        if not checked.executor.in_process:
+            backend = checked.executor.backend(checked.profile)
             backend.check()
-    except (ConfigError, ExecutionError) as exc:
+    except (ConfigError, ExecutionError) as exc:  # the recipe's own checks still run
         found.failures += str(exc).splitlines()
-        return checked
+        backend = None
     if checked.config is not None:
         run_found, model = preflight(checked.config)
         found.extend(run_found)
-        if model.parameters is not None:
+        if model.parameters is not None and checked.profile and checked.executor:
             found.extend(_memory(checked.config, checked.profile, checked.executor, model.parameters))
-    if backend is not None:
-        found.extend(_python_findings(checked.profile))
-        found.extend(backend.site_findings(checked.executor.stages))
-        if probe_job and not found.failures:
-            found.extend(run_probe_job(checked, backend))
+    if backend is None or checked.profile is None or checked.executor is None:
+        if probe_job and checked.executor is not None and checked.executor.in_process:
+            found.warnings.append(f"--probe-job: executor {executor} runs no jobs, so none was submitted")
+        return checked
+    found.extend(_python_findings(checked.profile))
+    found.extend(backend.site_findings(checked.executor.stages))
+    if probe_job and not found.failures:
+        found.extend(run_probe_job(checked, backend))
     return checked
 
 
@@ -158,8 +163,6 @@ def job_environment(modules: list[str]) -> dict[str, Any]:
 
 def run_probe_job(checked: Checked, backend: Any) -> Findings:
     """Submit `job_environment` as one short job with the trainer stage's resources and report it."""
-    from pathlib import Path
-
     assert checked.profile is not None and checked.executor is not None
     stage = _trainer_stage(checked.executor)
     resources = checked.profile.resources(stage).model_copy(update={"time_min": 5})
@@ -184,7 +187,10 @@ def run_probe_job(checked: Checked, backend: Any) -> Findings:
         return Findings(failures=[f"probe job {job.job_id} failed: {lines[-1] if lines else exc}"])
     broken = {name: v for name, v in report["versions"].items() if v.startswith("ERROR")}
     text = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
-    line = f"probe job {job.job_id} on {report['host']}: {report['python']}; {text}; {report['gpus']}"
+    line = (
+        f"probe job {job.job_id} on {report['host']}: {report['python']}; {text}; {report['gpus']}"
+        f" (CUDA_VISIBLE_DEVICES {report['CUDA_VISIBLE_DEVICES']})"
+    )
     if broken:
         return Findings(failures=[f"{line}: fix the profile's setup lines so the job's Python has them"])
     return Findings(passed=[line])

@@ -122,7 +122,7 @@ def test_the_probe_job_reports_the_jobs_interpreter(slurm_cluster, tmp_path):
     assert done.returncode == 0, done.stdout + done.stderr
     (line,) = [line for line in done.stdout.splitlines() if line.startswith("ok   probe job ")]
     assert f"{sys.executable}; probepo " in line and ", torch 2.13.0" in line
-    assert line.endswith("0 CUDA device(s)")  # fake gres: no driver, and torch is the CPU build
+    assert "; 0 CUDA device(s) (CUDA_VISIBLE_DEVICES " in line  # fake gres; torch is the CPU build
     assert done.stdout.splitlines()[-1] == "ready: 0 failure(s), 0 warning(s)"
 
 
