@@ -45,7 +45,7 @@ from probepo.presets import ConfigError, validate_run_config, with_overrides
 from probepo.report import load_curves, markdown
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
-from slurm import JobRunner, make_runner
+from slurm import JobRunner
 from slurm.check import check_launch
 from slurm.executors import ExecutorName
 
@@ -143,11 +143,8 @@ def launchable(
     runner and the warnings; raises Refused naming every problem found."""
     checked = check_launch(config, executor, profile)
     checked.findings.refuse()
-    assert checked.config is not None and checked.profile is not None
-    try:
-        runner = make_runner(executor, checked.profile)
-    except ExecutionError as exc:  # the cluster went away since the check
-        raise Refused(str(exc).splitlines()) from None
+    assert checked.config is not None and checked.profile is not None and checked.executor is not None
+    runner = checked.executor.runner(checked.backend, checked.profile)  # its backend checked already
     return checked.config, checked.profile, runner, checked.findings.warnings
 
 

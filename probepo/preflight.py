@@ -21,8 +21,6 @@ from probepo.store import StoreError, open_store
 
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 """Any one of these sets is a tokenizer transformers can load (fast, SentencePiece, byte-level BPE)."""
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 OPTIMIZER_BYTES = 8
 """Adam's two moments, float32, per parameter."""
 
@@ -94,14 +92,6 @@ def model_folder(config: RunConfig, found: Findings) -> Path | None:
     return None
 
 
-def weight_shards(folder: Path) -> list[str]:
-    """The safetensors files a model folder's weights are in (its index's shards, or the one file)."""
-    index = folder / WEIGHTS_INDEX_FILE
-    if index.is_file():
-        return sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    return [WEIGHTS_FILE]
-
-
 def safetensors_parameters(path: Path) -> int:
     """The number of parameters in a safetensors file, from its header alone (no tensor is read)."""
     with path.open("rb") as file:
@@ -136,6 +126,8 @@ def model_files(config: RunConfig) -> tuple[Findings, ModelFiles]:
     folder = model_folder(config, found)
     if folder is None:
         return found, ModelFiles()
+    from probepo.engines.hf.loading import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, weight_shards
+
     named = f"model.pretrained = {config.model.pretrained}"
     if folder.suffix == ".gguf":
         found.passed.append(f"model: {folder} (GGUF: weights and tokenizer in one file)")
@@ -144,7 +136,7 @@ def model_files(config: RunConfig) -> tuple[Findings, ModelFiles]:
     if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILES):
         missing.append("a tokenizer (tokenizer.json, tokenizer.model, or vocab.json with merges.txt)")
     try:
-        shards = weight_shards(folder)
+        shards = weight_shards(folder) or [WEIGHTS_FILE]  # the folder the job loads from, shard by shard
     except (json.JSONDecodeError, KeyError) as exc:
         found.failures.append(f"{named}: {folder / WEIGHTS_INDEX_FILE} is not a weights index ({exc})")
         return found, ModelFiles()

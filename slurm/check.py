@@ -22,6 +22,7 @@ from probepo.errors import ExecutionError
 from probepo.preflight import Findings, memory_warning, preflight
 from probepo.presets import ConfigError, load_profile, validate_run_config
 from probepo.schedule import Stage
+from slurm.backends import Backend
 from slurm.executors import Executor, executor_for
 
 PROBE_JOB_WAIT_S = 300.0
@@ -36,6 +37,8 @@ class Checked:
     config: RunConfig | None = None
     profile: ExecutionProfile | None = None
     executor: Executor | None = None
+    backend: Backend | None = None
+    """The executor's backend, checked (None: in process, or it did not answer)."""
 
 
 def check_launch(
@@ -64,16 +67,16 @@ def check_launch(
         )
     except ConfigError as exc:
         found.failures += str(exc).splitlines()
-    backend = None
     try:
         checked.profile = load_profile(profile)
         checked.executor = executor_for(executor)
-        if not checked.executor.in_process:
+        if checked.executor.backend is not None:
             backend = checked.executor.backend(checked.profile)
             backend.check()
+            checked.backend = backend
     except (ConfigError, ExecutionError) as exc:  # the recipe's own checks still run
         found.failures += str(exc).splitlines()
-        backend = None
+    backend = checked.backend
     if checked.config is not None:
         run_found, model = preflight(checked.config)
         found.extend(run_found)
@@ -161,7 +164,7 @@ def job_environment(modules: list[str]) -> dict[str, Any]:
     }
 
 
-def run_probe_job(checked: Checked, backend: Any) -> Findings:
+def run_probe_job(checked: Checked, backend: Backend) -> Findings:
     """Submit `job_environment` as one short job with the trainer stage's resources and report it."""
     assert checked.profile is not None and checked.executor is not None
     stage = _trainer_stage(checked.executor)

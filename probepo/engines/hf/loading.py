@@ -107,12 +107,22 @@ def read_weights(source: str | os.PathLike[str]) -> dict[str, Tensor]:
     path = Path(source)
     if path.is_file():
         return load_file(path)
-    if (path / WEIGHTS_FILE).is_file():
-        return load_file(path / WEIGHTS_FILE)
-    if (path / WEIGHTS_INDEX_FILE).is_file():
-        shards = sorted(set(json.loads((path / WEIGHTS_INDEX_FILE).read_text())["weight_map"].values()))
-        return {name: tensor for shard in shards for name, tensor in load_file(path / shard).items()}
-    raise FileNotFoundError(f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE} (nor a .safetensors file)")
+    shards = weight_shards(path)
+    if not shards:
+        raise FileNotFoundError(
+            f"{path}: no {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE} (nor a .safetensors file)"
+        )
+    return {name: tensor for shard in shards for name, tensor in load_file(path / shard).items()}
+
+
+def weight_shards(folder: Path) -> list[str]:
+    """The safetensors files a checkpoint folder's weights are in: `model.safetensors`, else the shards its
+    index names; [] when it has neither."""
+    if (folder / WEIGHTS_FILE).is_file():
+        return [WEIGHTS_FILE]
+    if (folder / WEIGHTS_INDEX_FILE).is_file():
+        return sorted(set(json.loads((folder / WEIGHTS_INDEX_FILE).read_text())["weight_map"].values()))
+    return []
 
 
 def with_tied_weights(model: torch.nn.Module, weights: dict[str, Tensor]) -> dict[str, Tensor]:
