@@ -7,8 +7,11 @@
 - commit latency: a commit of an empty stage (existence check + create-only marker), and the bare
   marker write.
 
-The endpoint is moto's S3 server on loopback (started here; tests/s3server.py). Writes
-bench/results/store.json. Usage: .venv/bin/python bench/store.py [--small N] [--big-mib N]
+The endpoint is moto's S3 server on loopback (started here; tests/s3server.py), or with `--endpoint rgw`
+Ceph's RADOS Gateway that infra/s3/ceph/start.sh started (its PROBEPO_TEST_RGW_* variables in the
+environment). Writes bench/results/store.json: moto's figures at the top level, RGW's in its `rgw`
+section; a run replaces its own and keeps the other's.
+Usage: .venv/bin/python bench/store.py [--endpoint moto|rgw] [--small N] [--big-mib N]
 """
 
 from __future__ import annotations
@@ -33,7 +36,13 @@ from benchlib import machine  # noqa: E402
 
 from probepo.store import open_store  # noqa: E402
 from probepo.store.store import UPLOAD_WORKERS  # noqa: E402
-from tests.s3server import isolated_aws_env, start_s3_server  # noqa: E402
+from tests.s3server import S3Server, isolated_aws_env, running_s3_server, start_s3_server  # noqa: E402
+
+ENDPOINTS = {
+    "moto": "moto S3 server (tests/s3server.py) on 127.0.0.1, same machine",
+    "rgw": "Ceph RGW 16.2.15 (Debian 12 packages; infra/s3/ceph: one monitor, one memstore OSD, beast "
+    "frontend) on 127.0.0.1, same machine",
+}
 
 
 def timed(fn) -> float:
@@ -173,8 +182,25 @@ def bench_commit_latency(bucket: str, trials: int) -> dict:
     }
 
 
+def rgw_server() -> S3Server:
+    """The RADOS Gateway infra/s3/ceph/start.sh started, from the variables it prints."""
+    try:
+        endpoint = os.environ["PROBEPO_TEST_RGW_ENDPOINT"]
+        credentials = {
+            "AWS_ACCESS_KEY_ID": os.environ["PROBEPO_TEST_RGW_ACCESS_KEY"],
+            "AWS_SECRET_ACCESS_KEY": os.environ["PROBEPO_TEST_RGW_SECRET_KEY"],
+            "AWS_DEFAULT_REGION": "us-east-1",
+        }
+    except KeyError as missing:
+        sys.exit(
+            f'--endpoint rgw: {missing.args[0]} is unset; run `eval "$(sudo bash infra/s3/ceph/start.sh)"`'
+        )
+    return running_s3_server(endpoint, credentials)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--endpoint", choices=sorted(ENDPOINTS), default="moto")
     parser.add_argument("--big-mib", type=int, default=1024)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--small", type=int, default=10_000)
@@ -183,11 +209,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "store.json")
     args = parser.parse_args()
 
-    server = start_s3_server()
+    server = start_s3_server() if args.endpoint == "moto" else rgw_server()
     os.environ.update(isolated_aws_env(server))
     try:
         client = boto3.client("s3")
-        bucket = "probepo-bench"
+        bucket = f"probepo-bench-{int(time.time())}"
         client.create_bucket(Bucket=bucket)
         with tempfile.TemporaryDirectory(prefix="probepo-bench-store-") as work:
             big = bench_big(client, bucket, Path(work), args.big_mib << 20, args.rounds)
@@ -205,13 +231,18 @@ def main() -> None:
         "small_objects_ratio_vs_boto3": round(small["ratio"], 3),
         "commit_latency_ms": latency["commit_empty_stage_ms_median"],
         "details": {"big_file": big, "small_objects": small, "commit_latency": latency},
-        "endpoint": "moto S3 server (tests/s3server.py) on 127.0.0.1, same machine",
+        "endpoint": ENDPOINTS[args.endpoint],
         "machine": machine(),
         "versions": {"boto3": boto3.__version__, "botocore": botocore.__version__},
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(["bench/store.py", *sys.argv[1:]]),
     }
-    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    recorded = json.loads(args.out.read_text()) if args.out.exists() else {}
+    if args.endpoint == "rgw":
+        recorded["rgw"] = result
+    else:
+        recorded = {**result, **({"rgw": recorded["rgw"]} if "rgw" in recorded else {})}
+    args.out.write_text(json.dumps(recorded, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
 
 

@@ -1,7 +1,9 @@
 """The `evaluate` and `nightly_eval` flows: checkpoints evaluated after the fact (probepo/evaluations.py),
-every missing (checkpoint, suite) pair one task of a SLURM job array (split to MaxArraySize), each result
-committed create-only beside its run, so a second night — or a run started while another is going — does
-nothing twice. Neither takes a run's lease: they only read checkpoints.
+every missing (checkpoint, suite) pair of the selection one task of a SLURM job array (split to
+MaxArraySize, one GPU each, at most `max_parallel` at once), each result committed create-only beside its
+run, so a second night — or a run started while another is going — does nothing twice. A pair the run's own
+evaluate stage made already is taken from it, in the flow's process. Neither takes a run's lease: they only
+read checkpoints, and download weights without the optimizer state.
 
 What the UI shows: a task run per job array (`evaluate · array <id> · <n> tasks`; inline, one per pair), a
 table artifact of what was evaluated, and the flow run fails (after committing every result that came)
@@ -11,19 +13,27 @@ when a pair could not be evaluated, naming it and its job; the next night retrie
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 from prefect.states import State
+from pydantic import Field
 
 from flows.runner import stage_task
 from flows.train import artifact_key, refused
+from probepo.config import CheckpointSelection
 from probepo.errors import ExecutionError
-from probepo.evaluations import EvaluationRequest, check_suites, evaluate_checkpoint, missing
+from probepo.evaluations import (
+    EvaluationRequest,
+    adopt_run_evaluation,
+    check_suites,
+    evaluate_checkpoint,
+    missing,
+)
 from probepo.presets import ConfigError, load_profile
 from probepo.store import open_store
-from slurm.arrays import run_array
+from slurm.arrays import ItemOutcome, run_array
 from slurm.executors import ArrayExecutorName, executor_for
 
 DEFAULT_SUITES = ("heldout",)
@@ -31,14 +41,20 @@ DEFAULT_SUITES = ("heldout",)
 
 
 def _evaluate(
-    requests: list[EvaluationRequest], executor: ArrayExecutorName, profile: str | None, name: str
+    requests: list[EvaluationRequest],
+    executor: ArrayExecutorName,
+    profile: str | None,
+    name: str,
+    max_parallel: int | None = None,
 ) -> dict[str, Any]:
     logger = get_run_logger()
     try:
         execution = load_profile(profile)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-    logger.info(f"{len(requests)} evaluations to do ({executor})")
+    reused = [request for request in requests if request.from_run]
+    to_run = [request for request in requests if not request.from_run]
+    logger.info(f"{len(to_run)} evaluations to do ({executor}), {len(reused)} taken from the runs' own")
     work: Callable[[EvaluationRequest], str] = evaluate_checkpoint
     if executor_for(executor, arrays=True).in_process:  # one task run per pair, named after it
 
@@ -51,13 +67,19 @@ def _evaluate(
         stage_task.with_options(task_run_name=f"evaluate · array {array_id} · {tasks}")(wait)
 
     try:
-        outcomes = run_array(executor, work, requests, execution, name=name, watch=watch)
+        outcomes = [
+            ItemOutcome(index, None, adopt_run_evaluation(request)) for index, request in enumerate(reused)
+        ]
+        outcomes += run_array(
+            executor, work, to_run, execution, name=name, parallelism=max_parallel, watch=watch
+        )
     except ExecutionError as exc:
         raise ValueError(str(exc)) from None
     rows, failed, stores = [], [], {}
-    for request, outcome in zip(requests, outcomes, strict=True):
+    for request, outcome in zip(reused + to_run, outcomes, strict=True):
         row = {"run": request.run_id, "checkpoint": request.checkpoint, "suite": request.suite,
-               "job": outcome.job_id, "outcome": outcome.result or "failed"}  # fmt: skip
+               "job": outcome.job_id, "outcome": outcome.result or "failed",
+               "GPU-h": None if outcome.cost is None else round(outcome.cost.gpu_hours, 4)}  # fmt: skip
         if outcome.error is not None:
             failed.append(f"{request.describe()} (job {outcome.job_id}): {outcome.error}")
         else:
@@ -67,13 +89,23 @@ def _evaluate(
             assert record is not None  # the item returned: its evaluation is committed
             row.update(mean=record["mean"], stderr=record["stderr"], k=record["k"])
         rows.append(row)
+    costs = [outcome.cost for outcome in outcomes if outcome.cost is not None]
+    spent = (
+        f"{sum(cost.gpu_hours for cost in costs):.3f} GPU-hours, {sum(cost.cpu_hours for cost in costs):.3f}"
+        f" CPU-hours over {len(costs)} jobs (accounting)"
+        if costs
+        else "no accounted jobs (inline or local: no GPU-hours)"
+    )
     if rows:
-        create_table_artifact(rows, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations")
+        create_table_artifact(
+            rows, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations; {spent}"
+        )
+    logger.info(f"cost: {spent}")
     counts = {
-        "evaluated": sum(row["outcome"] == "evaluated" for row in rows),
-        "exists": sum(row["outcome"] == "exists" for row in rows),
-        "failed": len(failed),
+        outcome: sum(row["outcome"] == outcome for row in rows)
+        for outcome in ("evaluated", "reused", "exists")
     }
+    counts["failed"] = len(failed)
     logger.info(", ".join(f"{value} {key}" for key, value in counts.items()))
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(rows)} evaluations failed (the next one retries them):\n"
@@ -106,37 +138,46 @@ def evaluate(
         checkpoints: The updates whose checkpoints to evaluate; empty: all of them.
         suites: `heldout` (the run's own eval split) or benchmark names, for maths runs.
         executor: inline (the worker's process), local (a subprocess each) or slurm (one job array).
-        profile: The execution profile (a YAML path on the worker's machine) whose `evaluate` resources the
-            jobs get; needed by slurm.
+        profile: The execution profile (a YAML path on the worker's machine) whose `eval_task` resources
+            the jobs get (by default the evaluate stage's with one GPU); needed by slurm.
     """
     if problems := _missing_site_setting(store, executor, profile):
         return refused(f"evaluate {run_id}", problems)
     chosen = check_suites(suites)
     opened = open_store(store)
     opened.read_run(run_id)  # an unknown run fails here, naming the store
-    requests = missing(opened, chosen, runs=[run_id], only=checkpoints)
-    return _evaluate(requests, executor, profile, f"evaluate-{run_id}")
+    selection = CheckpointSelection(runs=(run_id,), updates=tuple(checkpoints or ()))
+    return _evaluate(missing(opened, chosen, selection), executor, profile, f"evaluate-{run_id}")
 
 
 @flow(name="nightly-eval", flow_run_name="nightly-eval", log_prints=True)
 def nightly_eval(
     store: str | None = None,
     suites: Sequence[str] = DEFAULT_SUITES,
+    selection: CheckpointSelection = CheckpointSelection(),  # noqa: B008 - immutable (a frozen model)
+    max_parallel: Annotated[int | None, Field(ge=1)] = None,
     executor: ArrayExecutorName = "slurm",
     profile: str | None = None,
 ) -> dict[str, Any] | State:
-    """Evaluate every checkpoint of every run in a store that lacks an evaluation on the suites, as one job
-    array (split to the cluster's MaxArraySize); what is there already is never done again.
+    """Evaluate the selected checkpoints of the store's runs that lack an evaluation on the suites, as job
+    arrays (split to the cluster's MaxArraySize, one GPU per task); what is there already is never done
+    again, and what a run's own evaluate stage made is taken from it.
 
     Args:
         store: The team's store (s3://bucket/prefix or a shared folder); the site's by default, and the
             flow refuses to start without one.
-        suites: `heldout` (each run's own eval split) or benchmark names, for maths runs.
+        suites: `heldout` (each run's own eval split) or benchmark names, for maths runs; the study's six:
+            math500, olympiadbench, college_math, amc23, minerva_math, aime24.
+        selection: Which runs (names or globs) and which of their checkpoints (the latest, every N-th,
+            those since a date); by default every checkpoint of every run.
+        max_parallel: At most this many evaluation tasks running at once over the night's arrays (sbatch
+            --array=…%N), so that a night leaves GPUs to the team; None: as many as the scheduler gives.
         executor: slurm (job arrays), local (a subprocess each) or inline (the worker's process).
-        profile: The execution profile (a YAML path on the worker's machine) whose `evaluate` resources the
-            array tasks get; needed by slurm.
+        profile: The execution profile (a YAML path on the worker's machine) whose `eval_task` resources
+            the array tasks get (by default the evaluate stage's with one GPU); needed by slurm.
     """
     if problems := _missing_site_setting(store, executor, profile):
         return refused("nightly-eval", problems)
-    requests = missing(open_store(store), check_suites(suites))
-    return _evaluate(requests, executor, profile, "nightly-eval")
+    requests = missing(open_store(store), check_suites(suites), selection)
+    get_run_logger().info(f"selection: {selection.describe()}")
+    return _evaluate(requests, executor, profile, "nightly-eval", max_parallel)

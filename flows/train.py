@@ -9,7 +9,8 @@ run that fails with a one-line state message and a markdown artifact, no traceba
 
 What the UI shows per run, whatever the executor: a progress artifact (updates committed of the total) and
 a table of metrics per update, both updated as each update commits (with the resident executor the flow
-reads them from the store while its one job runs), a markdown report at the end, and where a run that
+reads them from the store while its one job runs), a markdown report and a table of its cost per stage at
+the end (GPU-hours from SLURM's accounting; wall time only for an inline run), and where a run that
 starts again resumes. TensorBoard events go to `<job folder>/<run id>/tensorboard`. A failing stage's
 error and the end of its job's log are in the flow's log. Cancelling a flow run ends its stage jobs and
 records the cancellation in the store; a later `resume` completes the run.
@@ -35,6 +36,7 @@ from prefect.states import Cancelled, Failed, State
 
 from flows.runner import shown_in_prefect
 from probepo.config import ExecutionProfile, RunConfig
+from probepo.costs import RunCosts
 from probepo.errors import ExecutionError
 from probepo.execution import StageRunner
 from probepo.pipeline import recorded_updates, resume_point
@@ -47,7 +49,9 @@ from probepo.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
 from slurm import JobRunner
 from slurm.check import check_launch
+from slurm.costs import run_costs, stage_totals
 from slurm.executors import ExecutorName
+from slurm.holders import holder_ended
 
 
 def artifact_key(run_id: str, what: str) -> str:
@@ -128,9 +132,30 @@ def show_resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> N
     )
 
 
-def publish_report(store: ArtifactStore, run_id: str) -> None:
-    """The markdown report of a finished run, as an artifact of this flow run."""
-    report = f"# Run {run_id}\n\nstore: `{store.url}`\n\n" + markdown([load_curves(store, run_id)])
+def publish_costs(store: ArtifactStore, run_id: str) -> RunCosts:
+    """What the run cost per stage, as a table artifact: GPU-hours and CPU-hours of its SLURM jobs (every
+    run of a requeued job; slurm/costs.py) and each stage's wall time; a run without accounted jobs
+    (inline, local executor) shows its wall time only."""
+    costs = run_costs(store, run_id)
+    table = [
+        {
+            "stage": cost.stage,
+            "GPU-hours": None if costs.wall_time_only else round(cost.gpu_hours, 4),
+            "CPU-hours": None if costs.wall_time_only else round(cost.cpu_hours, 4),
+            "wall (s)": round(cost.wall_s, 1),
+        }
+        for cost in stage_totals(costs)
+    ]
+    create_table_artifact(
+        table, key=artifact_key(run_id, "costs"), description=f"run {run_id}: cost per stage"
+    )
+    return costs
+
+
+def publish_report(store: ArtifactStore, run_id: str, costs: RunCosts) -> None:
+    """The markdown report of a finished run (with its GPU-hours where `costs` accounts for its jobs), as
+    an artifact of this flow run."""
+    report = f"# Run {run_id}\n\nstore: `{store.url}`\n\n" + markdown([load_curves(store, run_id, costs)])
     report += f"\n\nPlots: `probepo report {run_id} --store {store.url}`.\n"
     create_markdown_artifact(report, key=artifact_key(run_id, "report"), description=f"run {run_id}: report")
 
@@ -177,6 +202,8 @@ def _drive(
             say=logger.info,
             runner=shown_in_prefect(runner),
             tensorboard_dir=events,  # the resident executor's job writes its own, there too
+            holder_ended=holder_ended,  # a lease left by a driver job that ended is taken over at once
+            retention=execution.retention,
         )
     except Preempted:
         if not cancel_requested():
@@ -188,7 +215,7 @@ def _drive(
         logger.error(str(exc))
         return Failed(message=str(exc).splitlines()[0])
     published.metrics()
-    publish_report(store, run_id)
+    publish_report(store, run_id, publish_costs(store, run_id))
     return metrics
 
 

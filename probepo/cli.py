@@ -17,8 +17,9 @@ import typer
 import yaml
 
 from probepo import __version__
+from probepo.cli_runs import fail, jobs, logs, report
 from probepo.cli_site import check, stage
-from probepo.config import RunConfig
+from probepo.config import ExecutionProfile, RunConfig
 from probepo.config.algo import Algorithm
 from probepo.errors import ExecutionError
 from probepo.preemption import PREEMPTED_EXIT, Preempted
@@ -43,6 +44,8 @@ app = typer.Typer(
 app.add_typer(store_app, name="store")
 app.command("check")(check)
 app.command("stage")(stage)
+for command in (jobs, logs, report):
+    app.command()(command)
 
 TensorboardOption = Annotated[
     Path | None,
@@ -80,19 +83,16 @@ ProfileOption = Annotated[
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _runner(executor: str, profile: Path | None) -> StageRunner:
-    """The stage runner for --executor/--profile, checked before anything is submitted."""
+def _execution(executor: str, profile: Path | None) -> tuple[StageRunner, ExecutionProfile]:
+    """The stage runner for --executor/--profile, checked before anything is submitted, and the profile
+    (its checkpoint retention)."""
     from slurm import make_runner
 
     try:
-        return make_runner(executor, load_profile(profile))
+        execution = load_profile(profile)
+        return make_runner(executor, execution), execution
     except (ConfigError, ExecutionError) as exc:
         raise _failed(exc) from None
-
-
-def _fail(message: str, code: int = 2) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(code)
 
 
 def _failed(exc: ExecutionError | ConfigError | StoreError) -> typer.Exit:
@@ -100,7 +100,7 @@ def _failed(exc: ExecutionError | ConfigError | StoreError) -> typer.Exit:
     a refused submission), exit 1 for a stage that failed in its job (the message carries the end of the
     job's stderr, where its traceback is). Anything else is a bug: it propagates with its traceback."""
     user = not isinstance(exc, ExecutionError) or exc.user_error
-    return _fail(str(exc), 2 if user else 1)
+    return fail(str(exc), 2 if user else 1)
 
 
 def _parse_sets(pairs: list[str]) -> dict[str, Any]:
@@ -109,7 +109,7 @@ def _parse_sets(pairs: list[str]) -> dict[str, Any]:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key.strip():
-            raise _fail(f"--set {pair!r}: expected FIELD=VALUE, e.g. --set algo.kappa=0")
+            raise fail(f"--set {pair!r}: expected FIELD=VALUE, e.g. --set algo.kappa=0")
         try:
             overrides[key.strip()] = yaml.safe_load(value)
         except yaml.YAMLError:
@@ -172,7 +172,7 @@ def _preset_config(config: Path, algo: str | None, updates: int | None, sets: li
     try:
         return load_run_config(config, overrides, blame=blame)
     except ConfigError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 def _train(
@@ -184,13 +184,16 @@ def _train(
     quiet: bool,
     take_over: bool,
     command: str,
-    runner: StageRunner,
+    execution: tuple[StageRunner, ExecutionProfile],
 ) -> None:
-    """Run the driver and turn every failure into one line; `command` is how the user resumes (advice)."""
+    """Run the driver and turn every failure into one line; `command` is how the user resumes (advice). A
+    lease held by a SLURM job that accounting shows ended is taken over at once (slurm.holders)."""
     from probepo.pipeline import train as run_training  # torch loads here, not for --help
+    from slurm.holders import holder_ended
 
     events = tensorboard or Path("out") / "tensorboard" / run_id
     progress: ProgressFn = _Progress(quiet)
+    runner, profile = execution
     try:
         opened = open_store(store or os.environ.get("PROBEPO_STORE") or config.store)
         metrics = run_training(
@@ -202,9 +205,11 @@ def _train(
             tensorboard_dir=events,
             take_over=take_over,
             runner=runner,
+            holder_ended=holder_ended,
+            retention=profile.retention,
         )
     except LeaseHeld as exc:
-        raise _fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
+        raise fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
     except (StoreError, ConfigError, ExecutionError) as exc:
         raise _failed(exc) from None
     except Preempted as exc:
@@ -250,7 +255,7 @@ def train(
         quiet=quiet,
         take_over=take_over,
         command=command,
-        runner=_runner(executor, profile),
+        execution=_execution(executor, profile),
     )
 
 
@@ -283,7 +288,7 @@ def launch(
     try:
         *_, warnings = launchable(run_config, executor, str(profile) if profile else None)
     except Refused as exc:
-        raise _fail(f"refused: {exc}") from None
+        raise fail(f"refused: {exc}") from None
     for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": executor}
@@ -292,7 +297,7 @@ def launch(
     try:
         typer.echo(create_flow_run(deployment or f"train/{config.stem}", parameters))
     except LaunchError as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
 
 
 @app.command()
@@ -325,7 +330,7 @@ def resume(
         try:
             config = validate_run_config(record["config"], f"run {run_id}: its stored recipe")
         except ConfigError as exc:
-            raise _fail(
+            raise fail(
                 f"{exc}\nthis probepo ({__version__}) cannot resume a recipe made by probepo {made_by}:"
                 " resume it with that version, or start a new run id from a preset"
             ) from None
@@ -343,81 +348,8 @@ def resume(
         quiet=quiet,
         take_over=take_over,
         command=f"probepo resume {run_id}",
-        runner=_runner(executor, profile),
+        execution=_execution(executor, profile),
     )
-
-
-@app.command()
-def jobs(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run whose stage jobs to list.")],
-    store: StoreOption = None,
-) -> None:
-    """Each stage's jobs: job id, executor, state, node, elapsed time and the stage's attempts."""
-    from slurm.runner import jobs_table
-
-    try:
-        opened = open_store(store_url(store))
-        opened.read_run(run_id)
-        records = opened.jobs(run_id)
-        attempts = opened.attempts(run_id)
-    except StoreError as exc:
-        raise _fail(str(exc)) from None
-    typer.echo(
-        jobs_table(records, attempts) if records else f"run {run_id} has no stage jobs (it ran inline)"
-    )
-
-
-@app.command()
-def logs(
-    run_id: Annotated[str, typer.Argument(metavar="RUN", help="The run whose job's logs to print.")],
-    update: Annotated[
-        int | None, typer.Option("--update", help="The job of this update (its last one, or --stage's).")
-    ] = None,
-    stage: Annotated[
-        str | None,
-        typer.Option(
-            "--stage",
-            help="The last job of this stage (`driver`: the resident executor's job); see --update.",
-        ),
-    ] = None,
-    store: StoreOption = None,
-    tail: Annotated[
-        int | None, typer.Option("--tail", min=0, help="Print only the last N lines of each file.")
-    ] = None,
-    task: Annotated[
-        int | None, typer.Option("--task", min=0, help="Only this task's files (default: every task's).")
-    ] = None,
-) -> None:
-    """The stdout and stderr of a run's job (default: the last one submitted), each file under a header
-    naming its path; `probepo jobs RUN` lists the jobs."""
-    from slurm import logs as job_logs
-
-    try:
-        opened = open_store(store_url(store))
-        opened.read_run(run_id)
-        records = opened.jobs(run_id)
-    except StoreError as exc:
-        raise _fail(str(exc)) from None
-    if not records:
-        raise _fail(
-            f"run {run_id} has no stage jobs: it ran inline, and its stages logged to the output of the"
-            " command that trained it (jobs come with --executor local, slurm or resident)"
-        )
-    record = job_logs.pick_job(records, update, stage)
-    if record is None:
-        asked = " ".join(
-            f"{name} {value}"
-            for name, value in (("--update", update), ("--stage", stage))
-            if value is not None
-        )
-        raise _fail(
-            f"run {run_id} has no job for {asked}; its stages with jobs: {job_logs.stages_with_jobs(records)}"
-        )
-    tasks = job_logs.task_count(record)
-    if task is not None and task >= tasks:
-        has = "only task 0" if tasks == 1 else f"tasks 0-{tasks - 1}"
-        raise _fail(f"--task {task}: {job_logs.describe(record)} has {has}")
-    typer.echo(job_logs.render(record, tail=tail, task=task))
 
 
 @app.command()
@@ -437,7 +369,7 @@ def demo(
         run_config = load_run_config(config, overrides, blame={"seed": "--seed", "store": "--store"})
         report = _demo_report(run_config, outdir)
     except (OSError, ValueError, StoreError, RuntimeError) as exc:
-        raise _fail(str(exc)) from None
+        raise fail(str(exc)) from None
     typer.echo(f"report: {report}")
 
 
@@ -456,25 +388,6 @@ def _demo_report(config: RunConfig, outdir: Path) -> str:
     if not state.is_completed():
         raise RuntimeError(f"the demo flow ended {state.name}: {state.message}")
     return state.result()
-
-
-@app.command()
-def report(
-    run_ids: Annotated[list[str], typer.Argument(metavar="RUN...", help="One or several run ids.")],
-    outdir: Annotated[Path, typer.Option("--out", help="Where report.md and curves.png go.")] = Path(
-        "out/report"
-    ),
-    store: StoreOption = None,
-) -> None:
-    """Plots and a markdown comparison of runs, from their metrics in the store."""
-    from probepo.report import write_report
-
-    try:
-        path = write_report(open_store(store_url(store)), run_ids, outdir)
-    except StoreError as exc:
-        raise _fail(str(exc)) from None
-    typer.echo(path.read_text())
-    typer.echo(f"written: {path}")
 
 
 def main() -> None:

@@ -14,14 +14,17 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 
-from probepo.config import RunConfig
+from probepo.config import CheckpointSelection, RunConfig
+from probepo.config.retention import Retention
 from probepo.presets import ConfigError, validate_run_config
-from probepo.schedule import Stage
+from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.context import StageContext
 from probepo.stages.evaluate import HELDOUT, suites_for
 from probepo.store import ArtifactStore, StoreError, open_store
+from probepo.store.retention import RetentionReport, apply_retention, checkpoint_markers, holds
 
 log = logging.getLogger("probepo.evaluations")
 
@@ -34,6 +37,9 @@ class EvaluationRequest:
     run_id: str
     checkpoint: int
     suite: str
+    from_run: bool = False
+    """The run's own evaluate stage evaluated this checkpoint on this suite already: its numbers are taken
+    (`adopt_run_evaluation`), nothing is generated again."""
 
     def describe(self) -> str:
         return f"checkpoint {self.checkpoint} of run {self.run_id} on {self.suite}"
@@ -56,41 +62,107 @@ def check_suites(suites: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(suites))
 
 
-def checkpoints(store: ArtifactStore, run_id: str) -> list[int]:
-    """The updates whose checkpoint (policy k) is committed."""
-    return [k for k in store.updates(run_id) if store.committed(run_id, k, Stage.CHECKPOINT)]
+def checkpoints(store: ArtifactStore, run_id: str) -> dict[int, datetime]:
+    """The updates whose checkpoint (policy k) is committed with its weights (retention may have deleted
+    those of some), with when each was committed."""
+    return {
+        update: datetime.fromisoformat(marker["committed_at"])
+        for update, marker in sorted(checkpoint_markers(store, run_id).items())
+        if holds(marker) != "record"
+    }
 
 
 def stored_config(store: ArtifactStore, run_id: str) -> RunConfig:
     return validate_run_config(store.read_run(run_id)["config"], f"run {run_id}: its stored recipe")
 
 
+def _evaluated_in_run(store: ArtifactStore, run_id: str, config: RunConfig) -> set[tuple[int, str]]:
+    """The (update, suite) pairs the run's own evaluate stage committed: policy k on its held-out split,
+    or on each of `eval.benchmarks` — the same numbers an evaluation after the fact would make."""
+    in_run = config.eval.benchmarks or (HELDOUT,)
+    return {
+        (update, suite)
+        for update, stages in store.ledger_entries(run_id).items()
+        if Stage.EVALUATE in stages
+        for suite in in_run
+    }
+
+
 def missing(
-    store: ArtifactStore,
-    suites: Sequence[str],
-    runs: Sequence[str] | None = None,
-    only: Sequence[int] | None = None,
+    store: ArtifactStore, suites: Sequence[str], selection: CheckpointSelection | None = None
 ) -> list[EvaluationRequest]:
-    """Every (run, checkpoint, suite) not yet evaluated: of `runs` (default: all runs of the store), their
-    checkpoints (or those in `only`), on each of `suites` the run can be evaluated on. A run whose stored
-    recipe this version cannot read (or a run folder without one) is skipped with a warning."""
+    """Every (run, checkpoint, suite) of the selection (default: every checkpoint of every run) without an
+    evaluation, on each of `suites` the run can be evaluated on; those the run's own evaluate stage made
+    come `from_run`. A run whose stored recipe this version cannot read (or a run folder without one) is
+    skipped with a warning."""
     chosen = check_suites(suites)
+    selection = selection or CheckpointSelection()
     wanted = []
-    for run_id in runs if runs is not None else store.runs():
+    for run_id in filter(selection.takes_run, store.runs()):
         try:
-            config = stored_config(store, run_id)
+            wanted += _missing_of_run(store, run_id, chosen, selection)
         except (ConfigError, StoreError) as exc:  # a recipe of another version, a folder without run.json
             log.warning("skipping run %s: %s", run_id, exc)
-            continue
-        done = store.evaluations(run_id)
-        applicable = [name for name in chosen if name in suites_for(config)]
-        for k in checkpoints(store, run_id):
-            if only is not None and k not in only:
-                continue
-            wanted += [
-                EvaluationRequest(store.url, run_id, k, name) for name in applicable if (k, name) not in done
-            ]
     return wanted
+
+
+def _missing_of_run(
+    store: ArtifactStore, run_id: str, suites: Sequence[str], selection: CheckpointSelection
+) -> list[EvaluationRequest]:
+    config = stored_config(store, run_id)
+    done = store.evaluations(run_id)
+    in_run = _evaluated_in_run(store, run_id, config)
+    applicable = [name for name in suites if name in suites_for(config)]
+    committed = checkpoints(store, run_id)
+    return [
+        EvaluationRequest(store.url, run_id, k, name, from_run=(k, name) in in_run)
+        for k in selection.choose(list(committed), committed.__getitem__)
+        for name in applicable
+        if (k, name) not in done
+    ]
+
+
+def retain_checkpoints(
+    store: ArtifactStore, run_id: str, retention: Retention, *, dry_run: bool = False
+) -> RetentionReport:
+    """Prune the run's checkpoints as `retention` says, keeping the weights its nightly evaluation still
+    has to read (`retention.pending_evaluation`: the checkpoints it would evaluate that lack an
+    evaluation the run did not make itself)."""
+    selection = retention.pending_evaluation
+    pending = (
+        set()
+        if selection is None or not selection.takes_run(run_id)
+        else {
+            request.checkpoint
+            for request in _missing_of_run(
+                store, run_id, check_suites(retention.evaluation_suites), selection
+            )
+            if not request.from_run
+        }
+    )
+    return apply_retention(store, run_id, retention, pending, dry_run=dry_run)
+
+
+def adopt_run_evaluation(request: EvaluationRequest) -> str:
+    """Commit, as checkpoint k's evaluation, the numbers the run's own evaluate stage made at update k
+    (`from_run` requests): `reused`, or `exists` when another evaluation came first."""
+    store = open_store(request.store_url)
+    marker = store.marker(request.run_id, request.checkpoint, Stage.EVALUATE)
+    if marker is None:
+        raise ValueError(
+            f"{request.describe()}: the run's evaluate stage of update {request.checkpoint} is gone"
+        )
+    summary = marker["summary"]
+    if request.suite == HELDOUT:
+        numbers = {"mean": summary["accuracy"], "stderr": summary["stderr"], "problems": summary["problems"],
+                   "k": summary["samples_per_problem"]}  # fmt: skip
+        results = EVAL_RESULTS
+    else:
+        numbers = {key: summary[f"{request.suite}/{key}"] for key in ("mean", "stderr", "problems", "k")}
+        results = f"eval-{request.suite}.parquet"
+    record = {**numbers, "from_run": {"update": request.checkpoint, "stage": Stage.EVALUATE, "file": results}}
+    created = store.record_evaluation(request.run_id, request.checkpoint, request.suite, record)
+    return "reused" if created else "exists"
 
 
 def evaluate_checkpoint(request: EvaluationRequest) -> str:
@@ -102,10 +174,10 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     store = open_store(request.store_url)
     if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
         return "exists"
-    if not store.committed(request.run_id, request.checkpoint, Stage.CHECKPOINT):
+    if request.checkpoint not in (committed := checkpoints(store, request.run_id)):
         raise ValueError(
-            f"{request.describe()}: run {request.run_id} has no full checkpoint at update"
-            f" {request.checkpoint} (it has {checkpoints(store, request.run_id)})"
+            f"{request.describe()}: run {request.run_id} has no checkpoint with weights at update"
+            f" {request.checkpoint} (it has {list(committed)})"
         )
     config = stored_config(store, request.run_id)
     started = time.perf_counter()

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from probepo import distributed
-from probepo.config import RunConfig
+from probepo.config import Retention, RunConfig
 from probepo.preemption import Preempted
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
@@ -41,6 +41,8 @@ class StageRequest:
     stage: Stage
     config_json: str
     """The run's RunConfig as JSON (a warm-up run's too: the warm-up reads its settings from it)."""
+    retention: Retention | None = None
+    """The driver's (the resident executor's job): the profile's checkpoint retention."""
 
     @cached_property
     def config(self) -> RunConfig:
@@ -83,10 +85,11 @@ class DriverRunner(Protocol):
     resident: bool
 
     def run_driver(
-        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], None] | None = None
+        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], bool] | None = None
     ) -> None:
         """`request` names the driver pseudo-stage of update 0; `ctx` is the waiting process's; `on_poll`
-        is called at each poll of the job while it runs (to follow what it commits)."""
+        is called at each poll of the job while it runs (to follow what it commits) and returns whether
+        it saw a new commit (the polls then go back to their quickest)."""
         ...
 
 

@@ -1,9 +1,12 @@
-"""Grading math answers with math-verify 0.9.0, safely (NOTES.md "math-verify 0.9.0").
+"""Grading math answers with math-verify 0.9.0, safely (NOTES.md "math-verify 0.9.0"; docs/GRADING.md sets
+these rules beside verl's and Qwen2.5-Math's graders).
 
-Rules: only a `\\boxed{...}` (or `\\fbox{...}`) answer earns a reward; the last complete box within the last
-`TAIL_CHARS` characters of the completion counts; it is compared with the gold answer by math-verify
-(`verify(gold, pred)`, gold first). No box, a wrong answer, a timeout, running out of memory or a crashed
-worker all score 0.0; `grade_with_reasons` says which of these it was.
+Rules: only a `\\boxed{...}` (or `\\fbox{...}`) answer earns a reward: the last complete box of the
+completion, wherever it is (a box whose content is longer than `ANSWER_CAP_CHARS` is not parsed). Gold and
+answer are each read as their math (`math_of`: the `$...$` spans of a text with words around them, joined)
+and compared by math-verify (`verify(gold, pred)`, gold first); a percentage also matches its number of
+percent. No box, a wrong answer, a timeout, running out of memory or a crashed worker all score 0.0;
+`grade_with_reasons` says which of these it was.
 
 Why worker processes: math-verify's own timeouts use `signal.alarm` (main thread only, and they cancel any
 outer SIGALRM), and an adversarial answer can keep a process busy inside C code where no signal handler
@@ -14,8 +17,8 @@ misses it and starts a replacement.
 Why plain subprocesses rather than a multiprocessing start method: spawn and forkserver re-import the
 parent's `__main__` into the children (a training script that imports torch at the top would load torch
 into every worker, and RLIMIT_AS would then break it), and fork copies a process that may hold threads and
-CUDA state. A worker here is a fresh interpreter that runs this file as a script, so it imports nothing
-but the standard library and math_verify (~0.6 s to start and warm up).
+CUDA state. A worker is a fresh interpreter that runs `probepo/grading_worker.py` as a script, so it
+imports nothing but the standard library and math_verify (~0.6 s to start and warm up).
 """
 
 from __future__ import annotations
@@ -23,25 +26,33 @@ from __future__ import annotations
 import atexit
 import os
 import re
-import resource
-import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from functools import lru_cache
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Literal, get_args
 
-__all__ = ["MEMORY_CAP_BYTES", "REASONS", "TAIL_CHARS", "Reason", "grade", "grade_with_reasons"]
+from probepo import grading_worker
+from probepo.grading_worker import MEMORY_CAP_BYTES
 
-TAIL_CHARS = 4096
-"""Only the last this many characters of a completion are searched for the answer box."""
+__all__ = [
+    "ANSWER_CAP_CHARS",
+    "MEMORY_CAP_BYTES",
+    "REASONS",
+    "Reason",
+    "grade",
+    "grade_with_reasons",
+    "last_boxed",
+    "math_of",
+    "unclosed_delimiter",
+]
 
-MEMORY_CAP_BYTES = 2 << 30
-"""Address-space cap (RLIMIT_AS) per worker: one idles at ~60 MB; adversarial answers peaked ~0.5 GB."""
+ANSWER_CAP_CHARS = 4096
+"""A box whose content is longer than this is not parsed (reason `unparsable`): math-verify's time and
+memory grow with the text it reads. The longest gold of the shipped benchmarks has 992 characters."""
 
 _SOFT_FRACTION = 0.8
 """A worker abandons an answer itself after this fraction of the deadline, so that the usual slow answer
@@ -50,13 +61,23 @@ handler runs."""
 
 _START_TIMEOUT_S = 60.0
 _BOX_START = re.compile(r"\\(?:boxed|fbox)\s*\{")
+_BRACE_OR_ESCAPE = re.compile(r"[{}\\]")
+_MATH_MARK = re.compile(r"\\.|\$\$|\$", re.DOTALL)
+"""An escaped character (`\\$` is a dollar sign, `\\(` and `\\[` open maths) or a `$$` / `$` delimiter."""
+_CLOSER = {"$$": "$$", "$": "$", "\\(": "\\)", "\\[": "\\]"}
+_DELIMITERS = {*_CLOSER, *_CLOSER.values()}
+_TRAILING_PERIOD = re.compile(r"(?<![.\\])(?<!\\right)\.$")
+_WORD = r"[A-Za-z]+(?:['-][A-Za-z]+)*"
+_WORDS = re.compile(rf"(?:\\text\s*\{{)?\s*({_WORD}(?: +{_WORD})+)\s*\}}?")
+"""Two or more words and nothing else, bare or in one `\\text{...}` (braces checked by the caller)."""
+"""A sentence's full stop at the end of an answer (`\\boxed{5.}`); not `..`, `\\.` or `\\right.`."""
 
 Reason = Literal["correct", "no_answer", "unparsable", "wrong", "timeout", "error", "bad_gold"]
-"""Why an answer scored what it did: `correct` (reward 1.0); `no_answer`: no complete box in the tail, or
-an empty one; `unparsable`: math-verify read no expression in the box (only its raw text, which did not
-match the gold's); `wrong`: parsed but not equivalent; `timeout`: over the deadline; `error`: the worker
-failed otherwise (memory cap, crash); `bad_gold`: the gold answer is empty or unparsable (a data problem,
-not the model's)."""
+"""Why an answer scored what it did: `correct` (reward 1.0); `no_answer`: no complete box, or one with no
+math in it; `unparsable`: math-verify read no expression in the box (only its raw text, which did not match
+the gold's), or the box holds more than `ANSWER_CAP_CHARS` characters; `wrong`: parsed but not equivalent;
+`timeout`: over the deadline; `error`: the worker failed otherwise (memory cap, crash); `bad_gold`: the gold
+answer is empty or unparsable (a data problem, not the model's)."""
 
 REASONS: tuple[Reason, ...] = get_args(Reason)
 
@@ -66,10 +87,11 @@ def grade(completions: list[str], golds: list[str], *, timeout_s: float = 3.0) -
     (`grade_with_reasons` with the reasons mapped to rewards).
 
     Args:
-        completions: model outputs; only the last complete `\\boxed{...}` / `\\fbox{...}` within the last
-            `TAIL_CHARS` characters is read.
-        golds: plain gold answers, one per completion, as LaTeX without delimiters (e.g. `\\frac{1}{2}`,
-            `(3,\\frac{\\pi}{2})`); text already in `$...$` is used as it is.
+        completions: model outputs; only the last complete `\\boxed{...}` / `\\fbox{...}` is read, wherever
+            it is (`last_boxed`), and only if its content has at most `ANSWER_CAP_CHARS` characters.
+        golds: gold answers, one per completion, as LaTeX without delimiters (e.g. `\\frac{1}{2}`,
+            `(3,\\frac{\\pi}{2})`) or as text with `$...$` math in it, of which only the math counts
+            (`math_of`).
         timeout_s: wall-clock budget per answer, counted from the moment a worker takes it.
 
     Returns:
@@ -105,14 +127,20 @@ def grade_with_reasons(completions: list[str], golds: list[str], *, timeout_s: f
     reasons: list[Reason] = []
     jobs: list[_Job] = []
     for i, (completion, gold) in enumerate(zip(completions, golds, strict=True)):
-        answer = last_boxed(completion[-TAIL_CHARS:])
-        if answer is None or not answer.strip():
+        box = last_boxed(completion)
+        if box is not None and len(box) > ANSWER_CAP_CHARS:
+            reasons.append("unparsable")  # not handed to math-verify at all
+            continue
+        answer = "" if box is None else math_of(box)
+        gold_math = math_of(gold)
+        if not answer:
             reasons.append("no_answer")
-        elif not gold.strip():
+        elif not gold_math:
             reasons.append("bad_gold")
         else:
             reasons.append("error")  # until the worker answers
-            jobs.append(_Job(i, _as_latex(gold), _as_latex(answer)))
+            # math-verify extracts LaTeX only from math environments, hence the $...$
+            jobs.append(_Job(i, f"${gold_math}$", f"${answer}$"))
     if jobs:
         for index, reason in _shared_pool().run(jobs, timeout_s).items():
             reasons[index] = reason
@@ -122,8 +150,9 @@ def grade_with_reasons(completions: list[str], golds: list[str], *, timeout_s: f
 def last_boxed(text: str) -> str | None:
     """Content of the last complete outermost `\\boxed{...}` or `\\fbox{...}` in text, or None.
 
-    Braces are matched (escaped `\\{`, `\\}` do not count). A last box left unclosed (a truncated answer)
-    gives None rather than an earlier box, which may be an intermediate result. Linear in len(text).
+    Braces are matched (escaped `\\{`, `\\}` do not count). A box left unclosed (a truncated answer) runs
+    to the end of the text, so it gives None rather than an earlier box, which may be an intermediate
+    result. Linear in len(text): each character is looked at once, plain text skipped by a regex.
     """
     content = None
     pos = 0
@@ -139,31 +168,72 @@ def last_boxed(text: str) -> str | None:
 def _closing_brace(text: str, start: int) -> int | None:
     """Index of the brace closing the group opened just before start, or None if it never closes."""
     depth = 1
-    i = start
-    while i < len(text):
-        char = text[i]
+    pos = start
+    while match := _BRACE_OR_ESCAPE.search(text, pos):
+        char = match.group()
+        pos = match.end()
         if char == "\\":
-            i += 2  # an escaped character, e.g. the literal braces of a set \{1, 2\}
-            continue
-        if char == "{":
+            pos += 1  # an escaped character, e.g. the literal braces of a set \{1, 2\}
+        elif char == "{":
             depth += 1
-        elif char == "}":
+        else:
             depth -= 1
             if depth == 0:
-                return i
-        i += 1
+                return match.start()
     return None
 
 
-def _as_latex(answer: str) -> str:
-    """Math-verify extracts LaTeX only from math environments: wrap a bare answer in $...$.
+def math_of(text: str) -> str:
+    """The math of a gold or a boxed answer, as the grader hands it to math-verify (without delimiters).
 
-    Whitespace runs become one space first: math-verify does not read a `$...$` span across a line break
-    (a box such as `\\boxed{x\n+1}` would score 0), and in TeX math a line break is a space anyway."""
-    collapsed = " ".join(answer.split())
-    if collapsed.startswith(("$", "\\(", "\\[")):
-        return collapsed
-    return f"${collapsed}$"
+    - Text with math delimiters (`$...$`, `$$...$$`, `\\(...\\)`, `\\[...\\]`; `\\$` is a dollar sign)
+      is read as its math spans, in order, joined by ", ", and the words around them are dropped:
+      `$R=0$, converges only when $x=2$` is `R=0, x=2`, which math-verify compares as a set (every
+      span needed, none alone enough).
+    - A delimiter that never closes (`unclosed_delimiter`), or delimiters around no math at all (a box
+      split over two spans, `a+$ $b`): the whole text with its delimiters dropped.
+    - Text without delimiters is math as a whole.
+
+    Whitespace runs become one space (math-verify reads no `$...$` span across a line break, and in TeX
+    math a line break is a space), and a sentence's full stop at the end is dropped (`5.` is 5). Two or
+    more words and nothing else (`No solution`, `\\text{converges conditionally}`) become `\\text{...}` in
+    lower case: math-verify reads bare words as a product of letters, which no `\\text{}` answer matches.
+    """
+    collapsed = " ".join(text.split())
+    spans, unclosed = _math_spans(collapsed)
+    maths = [span.strip() for span in spans if span.strip()]
+    if unclosed is not None or (spans and not maths):
+        math = _MATH_MARK.sub(lambda mark: "" if mark.group() in _DELIMITERS else mark.group(), collapsed)
+    else:
+        math = ", ".join(maths) if maths else collapsed
+    math = _TRAILING_PERIOD.sub("", math.strip()).strip()
+    words = _WORDS.fullmatch(math)
+    if words and math.startswith("\\text") == math.endswith("}") and max(map(len, words[1].split())) > 2:
+        return f"\\text{{{words[1].lower()}}}"
+    return math
+
+
+def unclosed_delimiter(text: str) -> str | None:
+    """The math delimiter of text that opens a span never closed (e.g. `$`), or None if all pair up."""
+    return _math_spans(text)[1]
+
+
+def _math_spans(text: str) -> tuple[list[str], str | None]:
+    """The contents of text's math spans, and the opening delimiter of a last span left open (else None).
+
+    Inside a `$` span, `$$` closes it and opens the next (`$a$$b$` is two spans)."""
+    spans: list[str] = []
+    opener: str | None = None
+    start = 0
+    for mark in _MATH_MARK.finditer(text):
+        token = mark.group()
+        if opener is None:
+            if token in _CLOSER:
+                opener, start = token, mark.end()
+        elif token == _CLOSER[opener] or (opener == "$" and token == "$$"):
+            spans.append(text[start : mark.start()])
+            opener, start = ("$", mark.end()) if token != _CLOSER[opener] else (None, 0)
+    return spans, opener
 
 
 @dataclass(frozen=True)
@@ -181,7 +251,7 @@ class _Worker:
         self.conn: Connection = parent_end
         # -P: no script directory or cwd on sys.path, so the worker cannot pick up a stray `probepo`.
         self.proc = subprocess.Popen(
-            [sys.executable, "-P", os.path.abspath(__file__), str(child_end.fileno())],
+            [sys.executable, "-P", os.path.abspath(grading_worker.__file__), str(child_end.fileno())],
             pass_fds=(child_end.fileno(),),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -293,73 +363,3 @@ def _shared_pool() -> _Pool:
             _POOL = _Pool(min(4, len(os.sched_getaffinity(0))))
             atexit.register(_POOL.shutdown)
         return _POOL
-
-
-# ---- worker side: runs as `python -P grading.py FD` ----
-
-
-class _SoftTimeout(BaseException):
-    """Raised by the worker's own timer; a BaseException so math-verify's `except Exception` lets it pass."""
-
-
-def _serve(fd: int) -> None:
-    """Worker loop: receive (gold, answer, budget_s), send back a `Reason` until the parent goes away."""
-    _, hard = resource.getrlimit(resource.RLIMIT_AS)
-    cap = MEMORY_CAP_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_CAP_BYTES, hard)
-    resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-    import logging
-
-    from math_verify import LatexExtractionConfig, parse, verify
-
-    # Timeouts and parse failures are expected here and end as reward 0; don't flood the trainer's log.
-    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
-    config = [LatexExtractionConfig()]
-
-    @lru_cache(maxsize=4096)  # a group of completions shares one gold
-    def parse_gold(gold: str) -> tuple[object, ...]:
-        return tuple(parse(gold, config, parsing_timeout=None))
-
-    def judge(gold: str, answer: str) -> str:
-        # Timeouts off (None): math-verify's alarms would replace the timer below.
-        gold_parsed = parse_gold(gold)
-        if not gold_parsed:
-            return "bad_gold"
-        target = parse(answer, config, parsing_timeout=None)
-        if target and verify(list(gold_parsed), target, timeout_seconds=None):
-            return "correct"
-        # math-verify keeps the raw string beside what it parsed: only strings means it parsed nothing
-        return "wrong" if any(not isinstance(item, str) for item in target) else "unparsable"
-
-    def on_alarm(signum: int, frame: object) -> None:
-        raise _SoftTimeout
-
-    signal.signal(signal.SIGALRM, on_alarm)
-    # Load the grammar and sympy's lazily imported pieces (tuples, intervals, sets, fractions, roots,
-    # polynomials) now, not within the first answer's deadline: a cold path took 0.1-0.25 s idle.
-    for warm_up in ("$1$", "$(1,2)$", "$[1,2)$", "$\\{1,2\\}$", "$\\frac{1}{2}$", "$\\sqrt{2}$", "$x^2+1$"):
-        judge(warm_up, warm_up)
-    conn = Connection(fd)
-    conn.send("ready")
-    while True:
-        try:
-            gold, answer, budget_s = conn.recv()
-        except EOFError:
-            return
-        try:
-            # Nested so that the one-shot timer can only fire inside the outer try.
-            try:
-                signal.setitimer(signal.ITIMER_REAL, budget_s)
-                result = judge(gold, answer)
-            finally:
-                signal.setitimer(signal.ITIMER_REAL, 0)
-        except _SoftTimeout:
-            result = "timeout"
-        except Exception:  # a parser error, or MemoryError at the address-space cap
-            result = "error"
-        conn.send(result)
-
-
-if __name__ == "__main__":
-    _serve(int(sys.argv[1]))

@@ -13,12 +13,14 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from probepo import __version__
-from probepo.config import NOT_RECIPE, RunConfig
+from probepo.config import NOT_RECIPE, Retention, RunConfig
+from probepo.evaluations import retain_checkpoints
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
 from probepo.preemption import Preempted, StopFlag
 from probepo.presets import ConfigError
@@ -36,10 +38,13 @@ from probepo.store import (
     acquire_lease,
     open_store,
 )
+from probepo.store.lease import HolderEnded
 from probepo.store.lease import take_lease as store_take_lease
 from probepo.store.store import differing_fields
 
 LEASE_TTL_S = 600.0
+SLURM_HOLDER = "slurm-job-"
+"""How a driver running as a SLURM job names itself as the lease's holder: this, then its job id."""
 log = logging.getLogger(__name__)
 
 ProgressFn = Callable[[int, str, dict[str, Any], bool], None]
@@ -90,6 +95,8 @@ def train(
     tensorboard_dir: Path | None = None,
     take_over: bool = False,
     runner: StageRunner | DriverRunner | None = None,
+    holder_ended: HolderEnded | None = None,
+    retention: Retention | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records. Every stage
     the ledger lacks (the warm-up's too) goes to `runner` (default: inline, in this process); a
@@ -98,8 +105,10 @@ def train(
     A run's recipe is frozen in the store on its first start: resuming with another `config` raises
     RunConfigMismatch naming the differing fields (a resume never silently changes a recipe; more updates
     go through `extend_run`). `take_over` takes the run's lease even from a live holder (an operator's
-    decision, after checking that it is dead). `say` hears where things are and where the run starts,
-    once the recipe and the lease are settled.
+    decision, after checking that it is dead); `holder_ended` judges a holder of another host (a SLURM
+    job that accounting shows ended is taken over at once). `say` hears where things are and where the
+    run starts, once the recipe and the lease are settled. `retention` (the profile's) prunes older
+    checkpoints after each full one.
     """
     store = store or open_store(config.store)
     runner = runner or InlineRunner()
@@ -113,19 +122,20 @@ def train(
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
     if isinstance(runner, DriverRunner):
-        _drive_in_a_job(config, run_id, store, runner, tell, progress)
+        _drive_in_a_job(config, run_id, store, runner, tell, progress, retention)
         return store.read_metrics(run_id)
     # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
     origin = (
         f"pretrained {config.model.pretrained}"
         if config.model.kind == "hf"
-        else f"warm-up {ensure_warmup(config, store, progress, say=tell, runner=runner)}"
+        else "warm-up "
+        + ensure_warmup(config, store, progress, say=tell, runner=runner, holder_ended=holder_ended)
     )
     tell(f"store: {store.url}")
     flag = StopFlag()
     with (
         flag.installed(),
-        LeaseKeeper(take_lease(store, run_id, force=take_over)) as lease,
+        LeaseKeeper(take_lease(store, run_id, force=take_over, holder_ended=holder_ended)) as lease,
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
         _Metrics(store, run_id, tensorboard_dir) as metrics,
     ):
@@ -144,6 +154,8 @@ def train(
             summaries = {}
             for stage in _update_stages(config, update):
                 summaries[stage] = drive_stage(ctx, stage, runner, progress)
+                if stage == Stage.OPTIMIZE and retention is not None and not retention.keeps_everything:
+                    retain_checkpoints(store, run_id, retention)  # a no-op unless policy k + 1 is full
                 lease.check()
                 if flag.raised:  # a stage boundary is a safe point: everything so far is committed
                     metrics.log(update, summaries)
@@ -161,6 +173,7 @@ def _drive_in_a_job(
     runner: DriverRunner,
     tell: SayFn,
     progress: ProgressFn | None,
+    retention: Retention | None,
 ) -> None:
     """Hand the whole run to one job of `runner` (which takes the lease there) and wait for it, telling
     `progress` of each stage the job commits as its metrics reach the store."""
@@ -178,7 +191,8 @@ def _drive_in_a_job(
     with flag.installed(), tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch:
         ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop=flag)
         follow = _MetricsFollower(store, run_id, progress) if progress else None
-        runner.run_driver(StageRequest.of(ctx, Stage.DRIVER), ctx, on_poll=follow)
+        request = replace(StageRequest.of(ctx, Stage.DRIVER), retention=retention)
+        runner.run_driver(request, ctx, on_poll=follow)
         if follow is not None:
             follow()
     tell(f"run {run_id} is complete ({config.num_updates} updates)")
@@ -201,12 +215,15 @@ class _MetricsFollower:
                 summaries.setdefault((int(record["update"]), stage), {})[name] = value
         return summaries
 
-    def __call__(self) -> None:
+    def __call__(self) -> bool:
+        """Tell what is new; returns whether there was anything."""
+        told = len(self.told)
         for record in self.store.read_metrics(self.run_id):
             for (update, stage), summary in self._summaries(record).items():
                 if (update, stage) not in self.told:
                     self.told.add((update, stage))
                     self.progress(update, stage, summary, True)
+        return len(self.told) > told
 
 
 def _update_stages(config: RunConfig, update: int) -> list[str]:
@@ -328,7 +345,14 @@ def resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> Resume
 def driver_id() -> str:
     """Who drives the run: the SLURM job (a requeued job keeps its id, so it keeps its lease) or host:pid."""
     job = os.environ.get("SLURM_JOB_ID")
-    return f"slurm-job-{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
+    return f"{SLURM_HOLDER}{job}" if job else f"{socket.gethostname()}:{os.getpid()}"
+
+
+def holder_job_id(lease: dict[str, Any]) -> str | None:
+    """The SLURM job id of a lease's holder when a driver job holds it (driver_id), else None."""
+    holder = str(lease.get("holder", ""))
+    job = holder.removeprefix(SLURM_HOLDER)
+    return job if holder.startswith(SLURM_HOLDER) and job.isdigit() else None
 
 
 class LeaseKeeper:
@@ -366,12 +390,15 @@ class LeaseKeeper:
         self.lease.release()
 
 
-def take_lease(store: ArtifactStore, run_id: str, *, force: bool = False) -> Lease:
-    """The run's lease for this driver; a lease left by a dead process of this host is taken over, and
-    with `force` any lease (the holder must be known dead: a live one loses it at its next renewal)."""
+def take_lease(
+    store: ArtifactStore, run_id: str, *, force: bool = False, holder_ended: HolderEnded | None = None
+) -> Lease:
+    """The run's lease for this driver; a lease left by a dead process of this host, or by a holder that
+    `holder_ended` says ended, is taken over, and with `force` any lease (the holder must be known dead: a
+    live one loses it at its next renewal)."""
     if force:
         return acquire_lease(store, run_id, driver_id(), LEASE_TTL_S, force=True)
-    return store_take_lease(store, run_id, driver_id(), LEASE_TTL_S)
+    return store_take_lease(store, run_id, driver_id(), LEASE_TTL_S, ended=holder_ended)
 
 
 def ensure_warmup(
@@ -380,9 +407,10 @@ def ensure_warmup(
     progress: ProgressFn | None = None,
     say: SayFn | None = None,
     runner: StageRunner | None = None,
+    holder_ended: HolderEnded | None = None,
 ) -> str:
     """Have `runner` (default: inline) run the warm-up unless its checkpoint is already committed; returns
-    the warm-up run's id."""
+    the warm-up run's id. Its lease is taken as `train` takes a run's (`holder_ended`: see there)."""
     run_id = warmup.warmup_run_id(config)
     tell = say or (lambda line: None)
     if store.committed(run_id, 0, warmup.STAGE):
@@ -396,7 +424,7 @@ def ensure_warmup(
     )
     store.create_run(run_id, run_record(config, parts=warmup.KEY_FIELDS))
     with (
-        LeaseKeeper(take_lease(store, run_id)),
+        LeaseKeeper(take_lease(store, run_id, holder_ended=holder_ended)),
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
         ctx = StageContext(store, run_id, 0, config, Path(scratch))

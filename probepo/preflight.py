@@ -278,12 +278,12 @@ def _model_context(folder: Path | None) -> int | None:
 def store_findings(url: str) -> Findings:
     """The store answers a listing (reachable, credentials accepted), takes a write and a delete, and
     honours the conditional requests exactly-once rests on (probepo/store/capabilities.py, run afresh)."""
-    from probepo.store.capabilities import missing_conditionals
+    from probepo.store.capabilities import probe_conditionals
 
     try:
         store = open_store(url)
         runs = len(store.runs())
-        lacks = missing_conditionals(store.objects)
+        found, lacks = probe_conditionals(store.objects)
     except StoreError as exc:
         return Findings(failures=[str(exc)])
     except OSError as exc:  # a local folder that cannot be made or written
@@ -295,7 +295,9 @@ def store_findings(url: str) -> Findings:
                 " writers could both commit a stage or hold a lease: use an endpoint that honours them"
             ]
         )
-    return Findings(passed=[f"store: {url}: {runs} run(s), writable, conditional requests honoured"])
+    passed = f"store: {url}: {runs} run(s), writable, conditional requests honoured"
+    notes = "; ".join(found.workarounds())
+    return Findings(passed=[f"{passed} ({notes})" if notes else passed])
 
 
 def preflight(config: RunConfig) -> tuple[Findings, ModelFiles]:

@@ -1,12 +1,15 @@
-"""Plots and a markdown summary of one or several runs, read from their metrics in the store."""
+"""Plots and a markdown summary of one or several runs, read from their metrics in the store, and, where the
+caller gathered them (probepo/costs.py: the CLI and the train flow ask SLURM's accounting), what each run
+cost in GPU-hours: accuracy against GPU-hours is how the study compares methods."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from probepo.costs import RunCosts
 from probepo.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
 from probepo.stats import mean_and_stderr
 from probepo.store import ArtifactStore
@@ -40,6 +43,11 @@ class RunCurves:
     at the last evaluation minus at the first): how far the gain stands from the evaluation's noise."""
     extensions: list[dict] = field(default_factory=list)
     """The run's recorded extensions (from, to, at): a run trained further than its frozen recipe."""
+    gpu_hours: list[float] = field(default_factory=list)
+    """Cumulative GPU-hours of the training stages' jobs after each training update (evaluations
+    excluded, as in `wall_s`); empty when no job of the run was accounted for (inline, local executor)."""
+    costs: RunCosts | None = None
+    """The run's costs by update and stage, where the caller gathered them."""
 
     @property
     def gain_points(self) -> float:
@@ -65,6 +73,11 @@ class RunCurves:
         """Training wall time spent to reach each evaluated policy."""
         return self._at_evals(self.wall_s)
 
+    @property
+    def eval_gpu_hours(self) -> list[float]:
+        """Training GPU-hours spent to reach each evaluated policy (empty without accounting)."""
+        return self._at_evals(self.gpu_hours) if self.gpu_hours else []
+
     def accuracy_at(self, update: int) -> float:
         """Accuracy of policy `update`; KeyError naming the evaluated updates if it was not evaluated."""
         if update not in self.eval_updates:
@@ -72,18 +85,21 @@ class RunCurves:
         return self.accuracy[self.eval_updates.index(update)]
 
 
-def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
-    """Read a run's metrics into curves."""
+def load_curves(store: ArtifactStore, run_id: str, costs: RunCosts | None = None) -> RunCurves:
+    """Read a run's metrics into curves, with its GPU-hours where `costs` accounts for its jobs."""
     algorithm = store.read_run(run_id)["config"]["algo"]["algorithm"]
     metrics = sorted(store.read_metrics(run_id), key=lambda m: m["update"])
     evals = [m for m in metrics if ACCURACY in m]
     trained = [m for m in metrics if "sample/reward_mean" in m]
-    tokens, wall, total_tokens, total_wall = [], [], 0.0, 0.0
+    tokens, wall, gpu_hours, total_tokens, total_wall, total_gpu = [], [], [], 0.0, 0.0, 0.0
     for m in trained:
         total_tokens += m.get("sample/tokens", 0) + m.get("probe/tokens", 0)
         total_wall += sum(m.get(f"{stage}/wall_s", 0.0) for stage in TRAINING_STAGES)
         tokens.append(total_tokens)
         wall.append(total_wall)
+        if costs is not None and not costs.wall_time_only:
+            total_gpu += costs.training_gpu_hours(m["update"])
+            gpu_hours.append(total_gpu)
     return RunCurves(
         run_id=run_id,
         algorithm=algorithm,
@@ -96,6 +112,8 @@ def load_curves(store: ArtifactStore, run_id: str) -> RunCurves:
         reward=[m["sample/reward_mean"] for m in trained],
         sampled_tokens=tokens,
         wall_s=wall,
+        gpu_hours=gpu_hours,
+        costs=costs,
     )
 
 
@@ -111,31 +129,42 @@ def _gain_stderr(store: ArtifactStore, run_id: str, evaluated: list[int]) -> flo
 
 
 def plot(curves: Sequence[RunCurves], path: Path) -> Path:
-    """Held-out accuracy by update (±1 standard error), by sampled tokens and by training wall time, and
-    the training reward by update: one line per run."""
+    """Held-out accuracy by update (±1 standard error), by sampled tokens, by training wall time and by
+    training GPU-hours (runs with accounted jobs), and the training reward by update: one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    by_update, by_tokens, by_wall, rewards = axes.flat
+    fig, axes = plt.subplot_mosaic(
+        [["update", "tokens", "wall"], ["gpu", "reward", "reward"]], figsize=(16, 8)
+    )
     for c in curves:
         label = f"{c.algorithm} ({c.run_id})"
         percent = [100 * a for a in c.accuracy]
-        by_update.errorbar(
+        axes["update"].errorbar(
             c.eval_updates, percent, yerr=[100 * s for s in c.stderr], marker="o", capsize=3, label=label
         )
-        by_tokens.plot(c.eval_tokens, percent, marker="o", label=label)
-        by_wall.plot(c.eval_wall_s, percent, marker="o", label=label)
-        rewards.plot(range(len(c.reward)), c.reward, label=label, alpha=0.8)
-    by_update.set(xlabel="update", ylabel="eval accuracy (%)", title="Held-out accuracy by update")
-    by_tokens.set(xlabel="sampled tokens (backbone + probes)", ylabel="eval accuracy (%)", title="by tokens")
-    by_wall.set(xlabel="training wall time (s)", ylabel="eval accuracy (%)", title="by wall time")
-    rewards.set(xlabel="update", ylabel="mean reward", title="Training reward (backbone samples)")
-    for ax in axes.flat:
+        axes["tokens"].plot(c.eval_tokens, percent, marker="o", label=label)
+        axes["wall"].plot(c.eval_wall_s, percent, marker="o", label=label)
+        if c.gpu_hours:
+            axes["gpu"].plot(c.eval_gpu_hours, percent, marker="o", label=label)
+        axes["reward"].plot(range(len(c.reward)), c.reward, label=label, alpha=0.8)
+    accuracy = "eval accuracy (%)"
+    axes["update"].set(xlabel="update", ylabel=accuracy, title="Held-out accuracy by update")
+    axes["tokens"].set(xlabel="sampled tokens (backbone + probes)", ylabel=accuracy, title="by tokens")
+    axes["wall"].set(xlabel="training wall time (s)", ylabel=accuracy, title="by wall time")
+    accounted = any(c.gpu_hours for c in curves)
+    axes["gpu"].set(
+        xlabel="training GPU-hours (SLURM accounting)",
+        ylabel=accuracy,
+        title="by GPU-hours" if accounted else "by GPU-hours: no accounted jobs (wall time only)",
+    )
+    axes["reward"].set(xlabel="update", ylabel="mean reward", title="Training reward (backbone samples)")
+    for ax in axes.values():
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -143,8 +172,13 @@ def plot(curves: Sequence[RunCurves], path: Path) -> Path:
     return path
 
 
+def _hours(value: float | None) -> str:
+    return "–" if value is None else f"{value:.4g}"
+
+
 def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
-    """A comparison table: accuracy at each evaluation, final greedy accuracy, gain, tokens and wall time."""
+    """A comparison table (accuracy at each evaluation, final greedy accuracy, gain, tokens, wall time and
+    GPU-hours), then accuracy against the training GPU-hours spent to reach each evaluated policy."""
     updates = sorted({u for c in curves for u in c.eval_updates})
     head = [
         "run",
@@ -154,13 +188,16 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
         "gain ± s.e. (points)",
         "sampled tokens",
         "training wall (s)",
+        "training GPU-h",
+        "GPU-h (all jobs)",
     ]
-    rows = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    rows = [_row(head), "|" + "---|" * len(head)]
     for c in curves:
         by_update = {
             u: f"{100 * a:.1f} ± {100 * s:.1f}"
             for u, a, s in zip(c.eval_updates, c.accuracy, c.stderr, strict=True)
         }
+        all_jobs = c.costs.gpu_hours if c.costs is not None and not c.costs.wall_time_only else None
         cells = [
             c.run_id,
             c.algorithm,
@@ -170,28 +207,67 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
             + (" (within noise)" if c.gain_within_noise else ""),
             f"{c.sampled_tokens[-1]:,.0f}" if c.sampled_tokens else "–",
             f"{c.wall_s[-1]:.0f}" if c.wall_s else "–",
+            _hours(c.gpu_hours[-1] if c.gpu_hours else None),
+            _hours(all_jobs),
         ]
-        rows.append("| " + " | ".join(cells) + " |")
+        rows.append(_row(cells))
     notes = [
         f"- {c.run_id} was extended from {e['from']} to {e['to']} updates at {e['at'][:19]}Z."
         for c in curves
         for e in c.extensions
+    ]
+    notes += [f"- {c.run_id}: {note}." for c in curves for note in (c.costs.notes if c.costs else ())]
+    notes += [
+        f"- {c.run_id}: no job of it was accounted for (it ran inline, or on the local executor): wall"
+        " time only, no GPU-hours."
+        for c in curves
+        if c.costs is not None and c.costs.wall_time_only
     ]
     text = (
         "\n".join(rows)
         + "\n\nAccuracy: Mean@k at the evaluation temperature on the fixed evaluation set, ± one standard"
         " error over problems. Gain: last minus first evaluation, its standard error over the problems"
         " paired; within noise means less than two standard errors from zero. Training wall time excludes"
-        " evaluations.\n" + ("\n" + "\n".join(notes) + "\n" if notes else "")
+        " evaluations. GPU-hours: each SLURM job's allocated GPUs × elapsed hours from the cluster's"
+        " accounting, every run of a requeued job included; training GPU-hours count the training stages'"
+        " jobs (sample to optimize), all jobs add evaluations and checkpoints.\n"
+        + _by_gpu_hours(curves)
+        + ("\n" + "\n".join(notes) + "\n" if notes else "")
     )
     if plot_name:
         text += f"\n![curves]({plot_name})\n"
     return text
 
 
-def write_report(store: ArtifactStore, run_ids: Sequence[str], outdir: Path, title: str = "Runs") -> Path:
-    """Write `report.md` and `curves.png` for the runs into outdir; returns the markdown's path."""
-    curves = [load_curves(store, run_id) for run_id in run_ids]
+def _row(cells: Sequence[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _by_gpu_hours(curves: Sequence[RunCurves]) -> str:
+    """Accuracy of each evaluated policy against the training GPU-hours and wall time spent to reach it
+    (policy u: the training stages of updates 0 to u - 1)."""
+    head = ["run", "algorithm", "policy", "accuracy (%)", "training GPU-h", "training wall (s)"]
+    rows = ["\n### Accuracy against GPU-hours\n", _row(head), "|" + "---|" * len(head)]
+    for c in curves:
+        spent = c.eval_gpu_hours or [None] * len(c.eval_updates)
+        evaluated = zip(c.eval_updates, c.accuracy, spent, c.eval_wall_s, strict=True)
+        rows += [
+            _row([c.run_id, c.algorithm, str(u), f"{100 * a:.1f}", _hours(hours), f"{wall:.0f}"])
+            for u, a, hours, wall in evaluated
+        ]
+    return "\n".join(rows) + "\n"
+
+
+def write_report(
+    store: ArtifactStore,
+    run_ids: Sequence[str],
+    outdir: Path,
+    title: str = "Runs",
+    costs: Mapping[str, RunCosts] | None = None,
+) -> Path:
+    """Write `report.md` and `curves.png` for the runs into outdir, with each run's GPU-hours where `costs`
+    (by run id) accounts for its jobs; returns the markdown's path."""
+    curves = [load_curves(store, run_id, (costs or {}).get(run_id)) for run_id in run_ids]
     outdir.mkdir(parents=True, exist_ok=True)
     plot(curves, outdir / "curves.png")
     report = outdir / "report.md"

@@ -25,6 +25,10 @@ class Stage(StrEnum):
     DRIVER = "driver"
     """Not a stage: the one job of the resident executor, which runs the driver itself (every stage left,
     the engines resident) inside one allocation. Its job records sit with update 0's."""
+    EVAL_TASK = "eval_task"
+    """Not a stage: one task of an evaluation job array (the nightly evaluation, the evaluate flow), one
+    checkpoint on one suite in one process, its profile entry one GPU by default
+    (`ExecutionProfile.resources`)."""
 
 
 TRAINING_STAGES = (Stage.SAMPLE, Stage.SCORE, Stage.SELECT, Stage.PROBE, Stage.ADVANTAGE, Stage.OPTIMIZE)
@@ -35,6 +39,14 @@ engine per GPU: stages/shards.py) and the trainer's (DeepSpeed over the ranks). 
 advantage, checkpoint 0, warm-up) are short CPU work, run by rank 0 alone."""
 EVAL_RESULTS = "eval.parquet"
 """The evaluate stage's per-problem table (what reports read back)."""
+OPTIMIZER_STATE_PREFIX = "optimizer"
+"""The files of a checkpoint that hold the trainer's optimizer state (optimizer.safetensors, DeepSpeed's
+optimizer-rank-*): only resuming the trainer reads them; generation and evaluation need the rest."""
+
+
+def is_optimizer_state(name: str) -> bool:
+    """Whether a checkpoint's file `name` is optimizer state (see OPTIMIZER_STATE_PREFIX)."""
+    return name.startswith(OPTIMIZER_STATE_PREFIX)
 
 
 def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[Stage]:

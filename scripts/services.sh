@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # The services the test suite needs, all of them real: a single-node SLURM 22.05 cluster with accounting
-# (infra/slurm), an S3 endpoint (infra/s3) and a Prefect server (infra/prefect). `start` installs what is
-# missing (idempotent) and writes the environment a shell needs to .services.env; `stop` stops every one
-# of them and leaves no process. `start --fresh` (the test command's) first stops whatever runs (perhaps
-# started from another checkout, or left by a killed session) and gives Prefect an empty database, so that
-# no flow run scheduled earlier is picked up by the new worker.
+# (infra/slurm), two S3 endpoints (moto, infra/s3; Ceph's RADOS Gateway, infra/s3/ceph) and a Prefect
+# server (infra/prefect). `start` installs what is missing (idempotent) and writes the environment a shell
+# needs to .services.env; `stop` stops every one of them and leaves no process. `start --fresh` (the test
+# command's) first stops whatever runs (perhaps started from another checkout, or left by a killed session)
+# and gives Prefect an empty database, so that no flow run scheduled earlier is picked up by the new worker.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 case "${1:-}" in
@@ -14,11 +14,12 @@ case "${1:-}" in
       export PROBEPO_PREFECT_FRESH=1
     fi
     bash infra/slurm/install.sh >&2
+    bash infra/s3/ceph/install.sh >&2
     bash infra/browser/install.sh  # not a service: the UI tests' browser
     bash infra/prefect/install.sh  # PostgreSQL, the Prefect server's database
     : >.services.env
     chmod 600 .services.env  # it holds the Prefect API's password
-    for service in slurm s3 prefect; do  # each starts with the environment of those before it
+    for service in slurm s3 s3/ceph prefect; do  # each starts with the environment of those before it
       bash "infra/$service/start.sh" >>.services.env
       set -a
       # shellcheck disable=SC1091
@@ -28,6 +29,7 @@ case "${1:-}" in
     ;;
   stop)
     bash infra/prefect/stop.sh || true
+    bash infra/s3/ceph/stop.sh || true
     bash infra/s3/stop.sh || true
     bash infra/slurm/stop.sh >&2 || true
     rm -f .services.env

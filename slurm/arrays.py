@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 
 from probepo.config import ExecutionProfile
 from probepo.schedule import Stage
+from slurm.accounting import JobCost
 from slurm.executors import executor_for
 
 T = TypeVar("T")
@@ -31,6 +32,8 @@ class ItemOutcome:
     job_id: str | None
     result: Any = None
     error: str | None = None
+    cost: JobCost | None = None
+    """Its job's allocation × elapsed time from accounting (None: inline, local, or not accounted)."""
 
 
 def _error_of(exc: BaseException) -> str:
@@ -45,12 +48,14 @@ def run_array(
     profile: ExecutionProfile | None,
     *,
     name: str,
-    stage: Stage = Stage.EVALUATE,
+    stage: Stage = Stage.EVAL_TASK,
+    parallelism: int | None = None,
     watch: ArrayWatch | None = None,
 ) -> list[ItemOutcome]:
     """Run `fn(item)` for every item and wait for all: through the executor's backend as job arrays (on
-    SLURM of at most MaxArraySize tasks each) with the profile's resources for `stage` (None: the
-    defaults), or one after another in this process for an executor without one (inline).
+    SLURM of at most MaxArraySize tasks each, at most `parallelism` running at once) with the profile's
+    resources for `stage` (None: the defaults), or one after another in this process for an executor
+    without one (inline).
     Returns one outcome per item, in order; one item's failure does not stop the others."""
     if not items:
         return []
@@ -68,7 +73,7 @@ def run_array(
     backend = chosen.backend(profile)
     backend.check()
     folder = Path(profile.job_folder).resolve() / name
-    arrays = backend.submit_arrays(fn, items, profile.resources(stage), folder)
+    arrays = backend.submit_arrays(fn, items, profile.resources(stage), folder, parallelism)
     for submitted in arrays:
 
         def wait(submitted: list[Any] = submitted) -> None:
@@ -78,10 +83,12 @@ def run_array(
         array_id = str(submitted[0].job_id).split("_", 1)[0]
         (watch or (lambda _id, _count, wait: wait()))(array_id, len(submitted), wait)
     jobs = [job for submitted in arrays for job in submitted]
+    costs = backend.costs(str(job.job_id) for job in jobs) or {}
     outcomes = []
     for index, job in enumerate(jobs):
+        job_id, cost = str(job.job_id), costs.get(str(job.job_id))
         try:
-            outcomes.append(ItemOutcome(index, str(job.job_id), job.result()))
+            outcomes.append(ItemOutcome(index, job_id, job.result(), cost=cost))
         except Exception as exc:  # the job's error (submitit re-raises it, with the stderr's tail)
-            outcomes.append(ItemOutcome(index, str(job.job_id), error=_error_of(exc)))
+            outcomes.append(ItemOutcome(index, job_id, error=_error_of(exc), cost=cost))
     return outcomes

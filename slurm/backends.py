@@ -20,7 +20,7 @@ from probepo.errors import ExecutionError
 from probepo.execution import StageRequest
 from probepo.preflight import Findings
 from slurm import accounting
-from slurm.accounting import JobInfo
+from slurm.accounting import JobCost, JobInfo
 
 JobFunction = Callable[[StageRequest, str], str]
 """What a job runs, given the stage request and the name of the environment variable that holds the job's
@@ -73,10 +73,16 @@ class Backend(Protocol):
         ...
 
     def submit_arrays(
-        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+        self,
+        function: Callable[[Any], Any],
+        items: Sequence[Any],
+        resources: StageResources,
+        folder: Path,
+        parallelism: int | None = None,
     ) -> list[list[Any]]:
-        """Submit `function(item)` for every item, as job arrays as large as the scheduler allows; returns
-        each array's submitit jobs (`job_id`, `wait()`, `result()`), in item order."""
+        """Submit `function(item)` for every item, as job arrays as large as the scheduler allows, at most
+        `parallelism` tasks running at once over all of them (None: as many as the scheduler lets run);
+        returns each array's submitit jobs (`job_id`, `wait()`, `result()`), in item order."""
         ...
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
@@ -85,6 +91,10 @@ class Backend(Protocol):
         ...
 
     def cancel(self, job_ids: Iterable[str]) -> None: ...
+
+    def costs(self, job_ids: Iterable[str]) -> dict[str, JobCost] | None:
+        """What the jobs' allocations cost, from the scheduler's accounting (None: it keeps none)."""
+        ...
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         """The last lines of the job's stderr (task 0)."""
@@ -197,11 +207,25 @@ class SlurmBackend:
             ) from None
 
     def submit_arrays(
-        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+        self,
+        function: Callable[[Any], Any],
+        items: Sequence[Any],
+        resources: StageResources,
+        folder: Path,
+        parallelism: int | None = None,
     ) -> list[list[Any]]:
+        parts = chunks(len(items), accounting.max_array_size())
         arrays = []  # all submitted before any wait: the scheduler sees the whole night at once
-        for part in chunks(len(items), accounting.max_array_size()):
+        for index, part in enumerate(parts):
             executor = self._executor(folder, folder.name, resources)
+            # sbatch --array=0-N%M throttles one array: the cap is shared out over the arrays of a night
+            # (the first ones get the remainder, every array at least one task).
+            share = (
+                len(part)
+                if parallelism is None
+                else max(1, parallelism // len(parts) + (index < parallelism % len(parts)))
+            )
+            executor.update_parameters(array_parallelism=share)
             arrays.append(executor.map_array(function, [items[i] for i in part]))
         return arrays
 
@@ -210,6 +234,9 @@ class SlurmBackend:
 
     def cancel(self, job_ids: Iterable[str]) -> None:
         accounting.cancel(job_ids)
+
+    def costs(self, job_ids: Iterable[str]) -> dict[str, JobCost] | None:
+        return accounting.job_costs(job_ids)
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         return submitit_stderr_tail(folder, job_id, lines)
@@ -307,9 +334,15 @@ class LocalBackend:
             return str(executor.submit(function, request, self.job_id_variable).job_id)
 
     def submit_arrays(
-        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+        self,
+        function: Callable[[Any], Any],
+        items: Sequence[Any],
+        resources: StageResources,
+        folder: Path,
+        parallelism: int | None = None,
     ) -> list[list[Any]]:
-        executor = self._executor(folder, timeout_min=resources.time_min)  # one task per item
+        # One process per item, all at once: submitit's local executor has no throttle (a cap is SLURM's).
+        executor = self._executor(folder, timeout_min=resources.time_min)
         return [executor.map_array(function, list(items))]
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
@@ -329,6 +362,9 @@ class LocalBackend:
         for job_id in job_ids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(int(job_id), signal.SIGTERM)
+
+    def costs(self, job_ids: Iterable[str]) -> dict[str, JobCost] | None:
+        return None  # subprocesses: no accounting, their wall time only
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         return submitit_stderr_tail(folder, job_id, lines)

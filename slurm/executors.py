@@ -41,7 +41,7 @@ class Executor:
         return self.backend is None
 
 
-STAGE_JOBS = tuple(stage for stage in Stage if stage != Stage.DRIVER)
+STAGE_JOBS = tuple(stage for stage in Stage if stage not in (Stage.DRIVER, Stage.EVAL_TASK))
 """What the executors with a job per stage submit: every stage."""
 
 EXECUTORS: dict[str, Executor] = {

@@ -26,7 +26,7 @@ from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execut
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
 from probepo.schedule import EVERY_RANK
 from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome
-from slurm.ranks import Ranks, job_ranks
+from slurm.ranks import job_ranks
 
 
 def _install_stop_flag() -> StopFlag:
@@ -69,7 +69,6 @@ def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     ranks = job_ranks()
     ranks.export()
     if ranks.world_size > 1 and request.stage in EVERY_RANK:
-        one_node(ranks, request.describe())
         return _run_distributed(request, flag, ranks.rank, job_id)
     if ranks.rank != 0:
         return JobOutcome.COMMITTED
@@ -87,16 +86,6 @@ def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     return JobOutcome.COMMITTED
 
 
-def one_node(ranks: Ranks, what: str) -> None:
-    """The ranks of a job share its node's scratch folder (where each writes its optimizer shard for rank
-    0 to commit): refuse a job spread over nodes before any rank starts."""
-    if ranks.nodes > 1:
-        raise RuntimeError(
-            f"{what} runs on {ranks.world_size} ranks over {ranks.nodes} nodes; its ranks must share one node"
-            " (their scratch folder): give it nodes: 1 and tasks_per_node: <GPUs per node> in the profile"
-        )
-
-
 def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: str | None) -> JobOutcome:
     """A stage of EVERY_RANK on every rank of this job (see run_stage_job)."""
     from probepo import distributed
@@ -105,7 +94,8 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: s
 
     store = open_store(request.store_url)
     distributed.join()
-    # the ranks of one node share its scratch (each rank's optimizer shard is committed from there)
+    # the ranks share the job's one node (a profile refuses nodes > 1) and its scratch, from where each
+    # rank's optimizer shard is committed
     scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{job_id}"
     cancellations = len(store.cancellations(request.run_id))
     preempted = None
@@ -152,10 +142,10 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     from probepo import distributed
     from probepo.pipeline import train
     from probepo.store import open_store
+    from slurm.holders import holder_ended
 
     lockstep = ranks.world_size > 1
     if lockstep:
-        one_node(ranks, request.describe())
         distributed.join()
         if ranks.rank != 0:
             follow_stages(request, flag)
@@ -168,7 +158,17 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     # beside the job's logs: <job folder>/<run id>/tensorboard, where a flow's driver writes its own
     events = Path(os.environ["SUBMITIT_FOLDER"]) / "tensorboard" if "SUBMITIT_FOLDER" in os.environ else None
     try:
-        train(request.config, request.run_id, store=store, say=say, runner=runner, tensorboard_dir=events)
+        # a resubmitted job takes over at once the lease of the job it replaces, which accounting shows ended
+        train(
+            request.config,
+            request.run_id,
+            store=store,
+            say=say,
+            runner=runner,
+            tensorboard_dir=events,
+            holder_ended=holder_ended,
+            retention=request.retention,
+        )
     except Preempted as exc:
         if isinstance(runner, LockstepRunner):
             runner.finish()

@@ -24,7 +24,6 @@ class Ranks:
     world_size: int
     master_addr: str
     master_port: int
-    nodes: int = 1
 
     def export(self) -> None:
         """Set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`init_process_group(init_method=
@@ -52,7 +51,6 @@ def job_ranks() -> Ranks:
         world_size=env.num_tasks,
         master_addr=address_of(env.hostnames[0]),
         master_port=PORT_BASE + int(digits) % PORT_SPAN,
-        nodes=env.num_nodes,
     )
 
 

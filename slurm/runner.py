@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -26,13 +26,20 @@ from probepo.execution import StageRequest, now
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome
-from slurm.accounting import JobInfo
+from slurm.accounting import JobCost, JobInfo
 from slurm.backends import Backend, JobFunction, SubmitFailed, SubmitTransient
 from slurm.job import run_driver_job, run_stage_job
 from slurm.logs import log_path
 
 SUBMIT_TRIES = 4
 """Submissions of one job before a run of transient refusals (SubmitTransient) becomes SubmitFailed."""
+POLL_GROWTH = 1.25
+"""How much the wait between two polls of a job grows after a poll that saw nothing change: each wait is
+then about a quarter of the time the job has gone unchanged, so the end of a short stage is seen within
+seconds, and a day-long job costs one sacct call per poll_max_s."""
+STOP_CHECK_S = 1.0
+"""A wait between polls is slept in slices at most this long, so that a driver told to stop (SIGTERM,
+SIGUSR2) notices within one, however long the wait has grown."""
 
 
 class StageFailed(ExecutionError):
@@ -43,6 +50,30 @@ class StageFailed(ExecutionError):
 class DriverStopped(Preempted):
     """The driver was told to stop (SIGTERM, SIGUSR2) while a stage's job was in flight. The job goes on;
     `probepo resume` re-attaches to it."""
+
+
+class Backoff:
+    """The waits between the polls of one job: `start` seconds after a poll that saw a change (a new state,
+    a commit), then `growth` times longer after each poll that saw none, up to `cap`."""
+
+    def __init__(self, start: float, cap: float, growth: float = POLL_GROWTH) -> None:
+        self.start, self.cap, self.growth = start, cap, growth
+        self._next = start
+
+    def after(self, changed: bool) -> float:
+        """Seconds to wait before the next poll, after a poll that saw a change or not."""
+        if changed:
+            self._next = self.start
+        wait = self._next
+        self._next = min(wait * self.growth, self.cap)
+        return wait
+
+
+def sleep_unless_stopped(seconds: float, should_stop: Callable[[], bool]) -> None:
+    """Sleep `seconds`, in slices of at most STOP_CHECK_S, returning early once `should_stop()` says so."""
+    deadline = time.monotonic() + seconds
+    while not should_stop() and (left := deadline - time.monotonic()) > 0:
+        time.sleep(min(left, STOP_CHECK_S))
 
 
 JobWatch = Callable[[StageRequest, str, Callable[[], JobInfo]], JobInfo]
@@ -59,8 +90,11 @@ class JobRunner:
 
     def __init__(self, backend: Backend, profile: ExecutionProfile, watch: JobWatch | None = None) -> None:
         self.backend, self.profile, self.watch = backend, profile, watch
-        self.on_poll: Callable[[], None] | None = None
-        """Called at each poll of a job in flight."""
+        self.on_poll: Callable[[], bool] | None = None
+        """Called at each poll of a job in flight; returns whether it saw something new (a commit), which
+        counts as a change: the polls go back to their quickest."""
+        self.pause: Callable[[float, Callable[[], bool]], None] = sleep_unless_stopped
+        """Waits between two polls (seconds, the stop flag)."""
         self.submissions = 0
         """Jobs this runner submitted (re-attaching submits nothing)."""
 
@@ -171,15 +205,18 @@ class JobRunner:
     def _wait(
         self, store: ArtifactStore, request: StageRequest, job: dict[str, Any], ctx: StageContext
     ) -> JobInfo:
-        """Poll until the job has ended, recording each change of state or node."""
+        """Poll until the job has ended, recording each change of state or node; while nothing changes, the
+        polls back off from the profile's poll_s to its poll_max_s (Backoff)."""
         job_id = job["job_id"]
+        backoff = Backoff(self.profile.poll_s, self.profile.poll_max_s)
         while True:
             info = self.backend.states([job_id], {job_id: job.get("submitted_epoch", 0.0)})[job_id]
-            if (info.state, info.node or None) != (job.get("state"), job.get("node")):
+            changed = (info.state, info.node or None) != (job.get("state"), job.get("node"))
+            if changed:
                 job.update(state=info.state, node=info.node or None, elapsed=info.elapsed)
                 self._record(store, request, job)
-            if self.on_poll is not None:
-                self.on_poll()
+            if self.on_poll is not None and self.on_poll():
+                changed = True
             if not info.alive:
                 return info
             if ctx.should_stop():
@@ -187,7 +224,7 @@ class JobRunner:
                     f"the driver stops while job {job_id} runs {request.describe()}: the job goes on, and"
                     f" `probepo resume {request.run_id}` waits for it"
                 )
-            time.sleep(self.profile.poll_s)
+            self.pause(backoff.after(changed), ctx.should_stop)
 
     @staticmethod
     def _last_attempt(store: ArtifactStore, request: StageRequest, job_id: str) -> dict[str, Any] | None:
@@ -233,7 +270,7 @@ class DriverJobRunner(JobRunner):
     job_function: JobFunction = staticmethod(run_driver_job)
 
     def run_driver(
-        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], None] | None = None
+        self, request: StageRequest, ctx: StageContext, on_poll: Callable[[], bool] | None = None
     ) -> None:
         self.on_poll = on_poll
         self.run(request, ctx)
@@ -253,32 +290,72 @@ class DriverJobRunner(JobRunner):
         return None if last is None or AttemptOutcome.of(last) == AttemptOutcome.COMMITTED else last
 
 
-JOB_COLUMNS = ("update", "stage", "job", "executor", "state", "node", "elapsed", "attempts", "outcome", "log")
+JOB_COLUMNS = (
+    "update",
+    "stage",
+    "job",
+    "executor",
+    "state",
+    "node",
+    "elapsed",
+    "runs",
+    "GPUs",
+    "GPU-h",
+    "CPU-h",
+    "attempts",
+    "outcome",
+    "log",
+)
 
 
-def jobs_table(records: list[dict[str, Any]], attempts: list[dict[str, Any]]) -> str:
-    """`probepo jobs`: one line per submitted job, with how many attempts its stage has and, last, the path of
-    its task 0's stdout (`probepo logs` prints its files)."""
+def jobs_table(
+    records: list[dict[str, Any]], attempts: list[dict[str, Any]], costs: Mapping[str, JobCost] | None = None
+) -> str:
+    """`probepo jobs`: one line per submitted job, with how many attempts its stage has, what its
+    allocations cost (`costs`, by job id: elapsed, runs, GPUs, GPU-hours and CPU-hours over every record
+    of a requeued job; `-` for a job without accounting) and, last, the path of its task 0's stdout
+    (`probepo logs` prints its files)."""
     per_stage: dict[tuple[int, str], int] = {}
     for attempt in attempts:
         key = (attempt.get("update", 0), attempt.get("stage", ""))
         per_stage[key] = per_stage.get(key, 0) + 1
-    rows = [JOB_COLUMNS] + [
-        (
-            str(r.get("update", 0)),
-            str(r.get("stage", "")),
-            str(r.get("job_id", "")),
-            str(r.get("executor", "")),
-            str(r.get("state", "")),
-            str(r.get("node") or "-"),
-            str(r.get("elapsed") or "-"),
-            str(per_stage.get((r.get("update", 0), r.get("stage", "")), 0)),
-            str(r.get("outcome", "")),
-            str(log_path(r) or "-"),
+    rows = [JOB_COLUMNS]
+    for r in sorted(records, key=lambda r: (r.get("update", 0), r.get("submitted_at", ""))):
+        rows.append(
+            (
+                str(r.get("update", 0)),
+                str(r.get("stage", "")),
+                str(r.get("job_id", "")),
+                str(r.get("executor", "")),
+                str(r.get("state", "")),
+                str(r.get("node") or "-"),
+                *_cost_cells((costs or {}).get(str(r.get("job_id", ""))), r),
+                str(per_stage.get((r.get("update", 0), r.get("stage", "")), 0)),
+                str(r.get("outcome", "")),
+                str(log_path(r) or "-"),
+            )
         )
-        for r in sorted(records, key=lambda r: (r.get("update", 0), r.get("submitted_at", "")))
-    ]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(JOB_COLUMNS))]
+    return text_table(rows)
+
+
+def _cost_cells(cost: JobCost | None, record: Mapping[str, Any]) -> tuple[str, ...]:
+    """Elapsed, runs, GPUs, GPU-hours and CPU-hours of a job: its accounting's, else its record's elapsed."""
+    if cost is None:
+        return (str(record.get("elapsed") or "-"), "-", "-", "-", "-")
+    hours = (f"{cost.gpu_hours:.4f}", f"{cost.cpu_hours:.4f}")
+    return (duration(cost.elapsed_s), str(cost.records), str(cost.gpus), *hours)
+
+
+def duration(seconds: int) -> str:
+    """Seconds as SLURM writes a duration: [D-]HH:MM:SS."""
+    days, rest = divmod(seconds, 86400)
+    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
+    return f"{days}-{clock}" if days else clock
+
+
+def text_table(rows: list[tuple[str, ...]]) -> str:
+    """Rows of cells (the first the header) in left-aligned columns two spaces apart."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
     )

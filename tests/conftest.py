@@ -81,6 +81,25 @@ def s3_server() -> Iterator[S3Server]:
 
 
 @pytest.fixture(scope="session")
+def rgw_server() -> S3Server:
+    """Ceph's RADOS Gateway, the second S3 implementation the store is tested on: the one
+    infra/s3/ceph/start.sh started (scripts/services.sh exports its PROBEPO_TEST_RGW_* variables).
+    Skipped where none runs; the store tests point boto3 at it per test (tests/store/conftest.py)."""
+    endpoint = os.environ.get("PROBEPO_TEST_RGW_ENDPOINT")
+    if not endpoint:
+        pytest.skip(
+            "no Ceph RGW: PROBEPO_TEST_RGW_ENDPOINT is unset; start one as root with "
+            '`eval "$(bash infra/s3/ceph/start.sh)"` (scripts/services.sh does)'
+        )
+    credentials = {
+        "AWS_ACCESS_KEY_ID": os.environ["PROBEPO_TEST_RGW_ACCESS_KEY"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["PROBEPO_TEST_RGW_SECRET_KEY"],
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    return running_s3_server(endpoint, credentials)
+
+
+@pytest.fixture(scope="session")
 def s3_admin(s3_server: S3Server):
     """A plain boto3 client on the test endpoint, for setting up buckets."""
     return boto3.client("s3", endpoint_url=s3_server.endpoint_url)

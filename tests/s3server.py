@@ -141,14 +141,15 @@ def start_s3_server(
     return S3Server(process=process, port=port, endpoint_url=endpoint, env=env)
 
 
-def running_s3_server(endpoint: str) -> S3Server:
-    """The S3 server already answering at `endpoint` (started by infra/s3/start.sh)."""
+def running_s3_server(endpoint: str, credentials: dict[str, str] = TEST_CREDENTIALS) -> S3Server:
+    """The S3 server already answering at `endpoint` (started by infra/s3/start.sh, or Ceph's gateway by
+    infra/s3/ceph/start.sh with its own `credentials`)."""
     port = int(endpoint.rsplit(":", 1)[1])
     return S3Server(
         process=None,
         port=port,
         endpoint_url=endpoint,
-        env={**TEST_CREDENTIALS, "AWS_ENDPOINT_URL_S3": endpoint},
+        env={**credentials, "AWS_ENDPOINT_URL_S3": endpoint},
     )
 
 

@@ -13,6 +13,7 @@ import re
 from pydantic import Field, field_validator, model_validator
 
 from probepo.config.base import Strict
+from probepo.config.retention import Retention
 from probepo.schedule import Stage
 
 DEFAULT_ENV_ALLOW = (
@@ -38,6 +39,8 @@ DEFAULT_ENV_ALLOW = (
     "AWS_CA_BUNDLE",
     "AWS_MAX_ATTEMPTS",
     "AWS_RETRY_MODE",
+    "AWS_REQUEST_CHECKSUM_CALCULATION",
+    "AWS_RESPONSE_CHECKSUM_VALIDATION",
     "HF_HOME",
     "HF_HUB_CACHE",
     "HF_HUB_OFFLINE",
@@ -96,7 +99,20 @@ class StageResources(Strict):
     """Quality of service (sbatch --qos)."""
 
     nodes: int = Field(1, ge=1)
-    """Nodes per job (sbatch --nodes)."""
+    """Nodes per job (sbatch --nodes): 1, the only value taken until multi-node jobs are supported (the
+    ranks of a job share one node's scratch folder); more is refused when the profile is read, before
+    anything is submitted."""
+
+    @field_validator("nodes")
+    @classmethod
+    def _one_node(cls, nodes: int) -> int:
+        if nodes > 1:
+            raise ValueError(
+                f"{nodes} is refused: multi-node jobs are not supported yet (the ranks of a job share one"
+                " node's scratch folder); give nodes: 1, and at most one node's GPUs in tasks_per_node and"
+                " gpus_per_node"
+            )
+        return nodes
 
     tasks_per_node: int = Field(1, ge=1)
     """Ranks per node; each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
@@ -201,14 +217,25 @@ class ExecutionProfile(Strict):
     stages: dict[Stage, StageResources] = Field(default_factory=dict)
     """Per-stage resources over `defaults`: only the fields given here override, e.g. `optimize:
     {gpus_per_node: 8, partition: h200}`. `driver` is the resident executor's one job, which runs every
-    stage: give it what the most demanding stage needs."""
+    stage: give it what the most demanding stage needs; `eval_task` each task of an evaluation job array
+    (one checkpoint on one suite; by default the evaluate stage's resources with one GPU)."""
+
+    retention: Retention = Field(default_factory=Retention)
+    """Which full checkpoints keep their optimizer state and weights (applied after each full checkpoint,
+    and by `probepo store gc --checkpoints`); by default all of them keep everything."""
 
     max_resubmits: int = Field(2, ge=0)
     """A job that died without committing (node failure, out of memory, SIGKILL, time limit) is submitted
     again at most this many times; a stage's own error is never resubmitted."""
 
     poll_s: float = Field(1.0, gt=0)
-    """Seconds between the driver's polls of its jobs' states (one batched sacct call per poll)."""
+    """Seconds between the driver's polls of a job's state (one sacct call each) after a change: a job
+    submitted, a new state, a commit seen. While nothing changes the wait grows by a quarter each poll,
+    up to poll_max_s."""
+
+    poll_max_s: float = Field(60.0, gt=0)
+    """The longest wait between two polls of a job whose state has not changed for a while (a day-long job
+    is polled about once a minute); at least poll_s (equal to it: a fixed interval)."""
 
     submit_retry_s: float = Field(2.0, ge=0)
     """A submission the scheduler refused for a passing reason (controller busy or unreachable) is tried
@@ -226,13 +253,31 @@ class ExecutionProfile(Strict):
         return names
 
     @model_validator(mode="after")
+    def _poll_bounds(self) -> ExecutionProfile:
+        if self.poll_max_s < self.poll_s:
+            raise ValueError(
+                f"poll_max_s = {self.poll_max_s} is below poll_s = {self.poll_s}: the wait between polls"
+                " starts at poll_s and grows up to poll_max_s; give poll_max_s >= poll_s"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _every_stage_resolves(self) -> ExecutionProfile:
         for stage in self.stages:
             self.resources(stage)
         return self
 
     def resources(self, stage: str) -> StageResources:
-        """The stage's resources: a fresh object, so nothing set for one submission leaks into another."""
+        """The stage's resources: a fresh object, so nothing set for one submission leaks into another.
+        An evaluation array task (`eval_task`) not listed takes the evaluate stage's, on one node with one
+        rank and at most one GPU: it evaluates one checkpoint in one process, and eight GPUs held for it
+        would idle seven."""
+        if stage == Stage.EVAL_TASK and stage not in self.stages:
+            evaluate = self.resources(Stage.EVALUATE)
+            gpus = 1 if evaluate.gpus_per_node or evaluate.gpus_per_task else 0
+            return evaluate.model_copy(
+                update={"nodes": 1, "tasks_per_node": 1, "gpus_per_node": 0, "gpus_per_task": gpus}
+            )
         override = self.stages.get(stage)  # type: ignore[call-overload]
         given = (
             {} if override is None else {name: getattr(override, name) for name in override.model_fields_set}

@@ -11,6 +11,7 @@ registry here knows each set's folder, public hub id, k of Mean@k and gold-answe
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -29,7 +30,7 @@ from probepo.data.benchmark_rows import (
     read_minerva_math,
     read_olympiadbench,
 )
-from probepo.grading import grade
+from probepo.grading import grade, unclosed_delimiter
 from probepo.stats import mean_and_stderr
 
 __all__ = [
@@ -52,6 +53,8 @@ BENCHMARKS_ENV = "PROBEPO_BENCHMARKS"
 """Environment variable naming the folder that holds `<folder>/test.jsonl` for every set."""
 
 _DEFAULT_ROOT = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks"
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,10 @@ def load_benchmark(name: str, root: str | os.PathLike[str] | None = None) -> lis
     """The problems of set `name` (a key of `BENCHMARKS`), in file order, from `<root>/<folder>/test.jsonl`
     (root as `benchmarks_root` resolves it). Blank lines are skipped.
 
+    A gold answer with a math delimiter that never closes (CollegeMath line 1103: `$-317^{\\circ} ...`) is
+    kept, and graded as its whole text with the delimiters dropped (`probepo.grading.math_of`); a warning
+    names the file and every such line, so that the reading is never silent.
+
     Raises:
         KeyError: an unknown name (the message lists the known ones).
         FileNotFoundError: no file; the message says how to point at the copies, or which hub id to use.
@@ -251,6 +258,7 @@ def load_benchmark(name: str, root: str | os.PathLike[str] | None = None) -> lis
     if not path.is_file():
         raise FileNotFoundError(_missing_file_message(spec, path, root))
     problems = []
+    malformed = []
     with path.open(encoding="utf-8") as lines:
         for line_number, line in enumerate(lines, start=1):
             if not line.strip():
@@ -261,7 +269,21 @@ def load_benchmark(name: str, root: str | os.PathLike[str] | None = None) -> lis
                 raise BenchmarkFormatError(f"{path}, line {line_number}: not valid JSON ({error})") from None
             if not isinstance(data, dict):
                 raise BenchmarkFormatError(f"{path}, line {line_number}: not a JSON object")
-            problems.append(spec.read_row(Row(path, line_number, len(problems), data)))
+            problem = spec.read_row(Row(path, line_number, len(problems), data))
+            malformed += [
+                f"line {line_number} (row {len(problems)}): {delimiter!r} in {gold[:50]!r}"
+                for gold in problem.golds
+                if (delimiter := unclosed_delimiter(gold))
+            ]
+            problems.append(problem)
+    if malformed:
+        log.warning(
+            "%s: %d gold answer(s) with a math delimiter that never closes, graded as their whole text with "
+            "the delimiters dropped (docs/GRADING.md): %s",
+            path,
+            len(malformed),
+            "; ".join(malformed),
+        )
     return problems
 
 

@@ -37,6 +37,7 @@ from probepo import distributed
 from probepo.engines.base import TrainBatch, TrainerState
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
+from probepo.schedule import OPTIMIZER_STATE_PREFIX
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -48,7 +49,7 @@ ZERO_STAGES = (2, 3)
 
 def shard_name(rank: int, world: int) -> str:
     """The stem of rank `rank`'s optimizer files (.safetensors and .json) among `world` ranks."""
-    return f"optimizer-rank-{rank:05d}-of-{world:05d}"
+    return f"{OPTIMIZER_STATE_PREFIX}-rank-{rank:05d}-of-{world:05d}"
 
 
 class DeepSpeedTrainerEngine(HFTrainerEngine):

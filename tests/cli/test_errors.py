@@ -10,6 +10,7 @@ import pytest
 import typer
 
 from probepo.cli import _train
+from probepo.config import ExecutionProfile
 from probepo.execution import StageRequest
 from probepo.presets import ConfigError
 from probepo.stages.context import StageContext
@@ -40,7 +41,7 @@ def _train_with(error: BaseException, tmp_path: Path) -> None:
         quiet=True,
         take_over=False,
         command="probepo train",
-        runner=Raising(error),
+        execution=(Raising(error), ExecutionProfile()),
     )
 
 

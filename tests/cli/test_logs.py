@@ -56,7 +56,9 @@ def local_run(warm_store: ArtifactStore, tmp_path_factory: pytest.TempPathFactor
     preset.write_text(yaml.safe_dump(one_update().model_dump(mode="json")))
     job_folder = str(folder / "jobs")
     profile.write_text(
-        yaml.safe_dump(ExecutionProfile(job_folder=job_folder, poll_s=0.1).model_dump(mode="json"))
+        yaml.safe_dump(
+            ExecutionProfile(job_folder=job_folder, poll_s=0.1, poll_max_s=0.1).model_dump(mode="json")
+        )
     )
     result = probepo(
         "train", str(preset), "--run-id", RUN, "--store", warm_store.url, "--quiet",
@@ -69,8 +71,11 @@ def local_run(warm_store: ArtifactStore, tmp_path_factory: pytest.TempPathFactor
 def test_jobs_shows_each_jobs_stdout_path_last(local_run: str, warm_store: ArtifactStore):
     result = probepo("jobs", local_run, "--store", warm_store.url)
     assert result.returncode == 0, result.stderr
-    header, *rows = result.stdout.strip().splitlines()
+    listing, costs = result.stdout.strip().split("\n\n")
+    header, *rows = listing.splitlines()
     assert header.split()[-1] == "log"
+    assert costs.splitlines()[0].split() == ["stage", "wall", "(s)"]  # local jobs: no GPU-hours claimed
+    assert costs.endswith("note: 9 job(s) of the local executor: no accounting, their wall time only")
     records = warm_store.jobs(local_run)
     assert len(rows) == len(records) == 9  # checkpoint, 2 evaluations, 6 training stages
     for row in rows:

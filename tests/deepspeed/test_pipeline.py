@@ -49,7 +49,9 @@ def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_th
     assert inline.returncode == -signal.SIGKILL and store.committed("zero3", 0, "advantage")
 
     two = StageResources(tasks_per_node=2)
-    profile = ExecutionProfile(job_folder=str(tmp_path / "jobs"), poll_s=0.2, stages={"optimize": two})
+    profile = ExecutionProfile(
+        job_folder=str(tmp_path / "jobs"), poll_s=0.2, poll_max_s=0.2, stages={"optimize": two}
+    )
     monkeypatch.setenv(CRASH_ENV, "0:optimize.part-0000:after-commit")  # both ranks kill themselves there
     ctx = StageContext(store, "zero3", 0, config, tmp_path / "driver")
     runner = make_runner("local", profile)

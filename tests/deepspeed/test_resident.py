@@ -28,7 +28,9 @@ def test_a_two_rank_driver_job_killed_between_checkpoints_replays_on_both_ranks(
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "trainer": "deepspeed", "zero_stage": 2}
     config = qwen_config(tiny_qwen.folder, model=model, checkpoint_every=2, eval={"problems": 2, "every": 2})
     driver = StageResources(partition="low", tasks_per_node=2, time_min=15)
-    profile = ExecutionProfile(job_folder=str(tmp_path / "jobs"), poll_s=0.3, stages={"driver": driver})
+    profile = ExecutionProfile(
+        job_folder=str(tmp_path / "jobs"), poll_s=0.3, poll_max_s=0.3, stages={"driver": driver}
+    )
     monkeypatch.setenv(CRASH_ENV, "1:select:after-commit")  # both ranks kill themselves there
     train(config, "lockstep", store=store, runner=make_runner("resident", profile))
 

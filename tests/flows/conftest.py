@@ -25,7 +25,10 @@ def site(tmp_path_factory: pytest.TempPathFactory, warm_store, slurm_cluster) ->
     the ui-testbed preset."""
     folder = tmp_path_factory.mktemp("site")
     profile = ExecutionProfile(
-        job_folder=str(folder / "jobs"), poll_s=0.3, defaults=StageResources(partition="low", time_min=15)
+        job_folder=str(folder / "jobs"),
+        poll_s=0.3,
+        poll_max_s=0.3,
+        defaults=StageResources(partition="low", time_min=15),
     )
     (folder / "profile.yaml").write_text(yaml.safe_dump(profile.model_dump(mode="json")))
     (folder / "recipes").mkdir()

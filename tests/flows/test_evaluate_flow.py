@@ -1,17 +1,22 @@
-"""The nightly evaluation against the real Prefect server and SLURM cluster: every checkpoint lacking an
-evaluation done once as job array tasks (split to MaxArraySize), a second night doing nothing; and the
-`evaluate` flow's bad input refused before anything is submitted."""
+"""The nightly evaluation against the real Prefect server and SLURM cluster: the selected checkpoints lacking
+an evaluation done once, as one-GPU job array tasks (split to MaxArraySize, throttled), or taken from the
+run's own evaluate stage; a last night doing nothing; and the `evaluate` flow's bad input refused before
+anything is submitted."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
 import pytest
+import yaml
 
+from probepo.config import CheckpointSelection
 from probepo.pipeline import ensure_warmup, train
 from probepo.store import open_store
 from tests.flows import NEEDS_PREFECT
+from tests.flows.test_launch import _artifact
 from tests.flows.test_train_flow import _task_run_names
 from tests.slurm.conftest import drill_config
 
@@ -22,49 +27,77 @@ pytestmark = [
 ]
 
 
-def test_two_nightly_runs_evaluate_each_checkpoint_exactly_once(tmp_path, profile_path, monkeypatch):
+def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_runs_own(
+    tmp_path, monkeypatch
+):
     import slurm.accounting
     from flows.evaluate import nightly_eval
 
     store = open_store(tmp_path / "store")
     ensure_warmup(drill_config(), store)
-    for seed, run_id in enumerate(("night-a", "night-b")):
-        train(drill_config(store=store.url, seed=seed), run_id, store=store)
-    monkeypatch.setattr(slurm.accounting, "max_array_size", lambda: 3)  # 4 pairs: arrays of 3 and 1
+    sparse = {"num_updates": 2, "eval": {**drill_config().eval.model_dump(), "every": 10}}  # policies 0, 2
+    train(drill_config(store=store.url, **sparse), "night-a", store=store)
+    for seed, run_id in ((1, "night-c"), (2, "night-d")):
+        train(drill_config(store=store.url, seed=seed, **sparse), run_id, store=store)
+    dense = {**sparse, "eval": {**sparse["eval"], "every": 1}}  # night-a's recipe, evaluated at every update
+    train(drill_config(store=store.url, **dense), "night-b", store=store)
+    profile = tmp_path / "profile.yaml"  # the evaluate stage on 2 GPUs: its array tasks take one each
+    profile.write_text(yaml.safe_dump({
+        "job_folder": str(tmp_path / "jobs"), "poll_s": 0.3,
+        "defaults": {"partition": "low", "time_min": 15, "signal_grace_s": 30},
+        "stages": {"evaluate": {"gpus_per_node": 2, "tasks_per_node": 2}},
+    }))  # fmt: skip
+    on_slurm = {"executor": "slurm", "profile": str(profile)}
 
-    first = nightly_eval(store.url, executor="slurm", profile=str(profile_path), return_state=True)
-    assert first.is_completed(), first.message
-    assert first.result() == {"evaluated": 4, "exists": 0, "failed": 0}
-    names = _task_run_names(first.state_details.flow_run_id, 2)  # "evaluate · array <id> · <n> tasks"
-    assert sorted(name.rsplit(" · ", 1)[1] for name in names) == ["1 task", "3 tasks"], names
+    latest_of_a = CheckpointSelection(runs=("night-a",), latest=True)
+    first = nightly_eval(store.url, selection=latest_of_a, **on_slurm, return_state=True)
+    assert first.is_completed(), first.message  # policy 2 was evaluated by the run itself: nothing submitted
+    assert first.result() == {"evaluated": 0, "reused": 1, "exists": 0, "failed": 0}
+    assert sorted(store.evaluations("night-a")) == [(2, "heldout")]
+    assert _task_run_names(first.state_details.flow_run_id, 0) == set()
+
+    monkeypatch.setattr(slurm.accounting, "max_array_size", lambda: 2)  # 3 pairs to run: arrays of 2 and 1
+    second = nightly_eval(store.url, max_parallel=2, **on_slurm, return_state=True)
+    assert second.is_completed(), second.message
+    assert second.result() == {"evaluated": 3, "reused": 8, "exists": 0, "failed": 0}  # policy 1 of a, c, d
+    names = _task_run_names(second.state_details.flow_run_id, 2)  # "evaluate · array <id> · <n> tasks"
+    assert sorted(name.rsplit(" · ", 1)[1] for name in names) == ["1 task", "2 tasks"], names
     array_ids = [name.split(" · ")[1].removeprefix("array ") for name in names]
     tasks = _array_task_states(array_ids)
-    assert len(tasks) == 4 and all(line.endswith("|COMPLETED") for line in tasks), tasks
-
+    assert len(tasks) == 3 and all(line.endswith("|COMPLETED") for line in tasks), tasks
+    assert all("gres/gpu=1" in line.split("|")[1] for line in tasks), tasks  # one GPU each, not the stage's 2
+    table = _artifact("nightly-eval-evaluations")  # each array task's GPU-hours, from accounting
+    assert "GPU-hours" in table.description, table.description
+    cost = {row["outcome"]: row["GPU-h"] for row in json.loads(table.data)}
+    assert cost["evaluated"] > 0 and cost["reused"] is None
+    # max_parallel 2 over two arrays: one task of each at a time
+    scripts = [path.read_text() for path in (tmp_path / "jobs" / "nightly-eval").glob("*_submission.sh")]
+    assert sum("#SBATCH --array=0-1%1" in script for script in scripts) == 1, scripts
+    # The array task's evaluation of night-a's policy 1 is night-b's in-run one, to the bit (same policy)
+    assert (
+        store.evaluation("night-a", 1, "heldout")["mean"]
+        == store.marker("night-b", 1, "evaluate")["summary"]["accuracy"]
+    )
     stamps = {}
-    for run_id in ("night-a", "night-b"):
+    for run_id in ("night-a", "night-b", "night-c", "night-d"):
         records = store.evaluations(run_id)
-        assert sorted(records) == [(0, "heldout"), (1, "heldout")]
-        for k in (0, 1):  # the run's own evaluation of update k, to the bit, from a job array task
-            assert (
-                records[(k, "heldout")]["mean"] == store.marker(run_id, k, "evaluate")["summary"]["accuracy"]
-            )
+        assert sorted(records) == [(0, "heldout"), (1, "heldout"), (2, "heldout")]
         stamps[run_id] = {key: record["at"] for key, record in records.items()}
 
-    second = nightly_eval(store.url, executor="slurm", profile=str(profile_path), return_state=True)
-    assert second.is_completed() and second.result() == {"evaluated": 0, "exists": 0, "failed": 0}
-    assert _task_run_names(second.state_details.flow_run_id, 0) == set()  # no job submitted
-    for run_id in ("night-a", "night-b"):
+    third = nightly_eval(store.url, **on_slurm, return_state=True)
+    assert third.is_completed() and third.result() == {"evaluated": 0, "reused": 0, "exists": 0, "failed": 0}
+    assert _task_run_names(third.state_details.flow_run_id, 0) == set()  # no job submitted
+    for run_id in stamps:
         assert {key: record["at"] for key, record in store.evaluations(run_id).items()} == stamps[run_id]
 
 
 def _array_task_states(array_ids: list[str], timeout_s: float = 60.0) -> list[str]:
-    """`JobID|State` of every task of the arrays, once none is pending or running: the flow ends when the
-    store holds every evaluation, and a task may still be exiting then."""
+    """`JobID|AllocTRES|State` of every task of the arrays, once none is pending or running: the flow ends
+    when the store holds every evaluation, and a task may still be exiting then."""
     deadline = time.monotonic() + timeout_s
     while True:
         tasks = subprocess.run(
-            ["sacct", "-n", "-X", "-P", "-o", "JobID,State", "-j", ",".join(array_ids)],
+            ["sacct", "-n", "-X", "-P", "-o", "JobID,AllocTRES,State", "-j", ",".join(array_ids)],
             capture_output=True, text=True, check=True,
         ).stdout.split()  # fmt: skip
         if not any(line.endswith(("|PENDING", "|RUNNING", "|COMPLETING")) for line in tasks):

@@ -4,6 +4,7 @@ anything runs."""
 
 from __future__ import annotations
 
+import json
 import time
 from uuid import UUID
 
@@ -11,6 +12,8 @@ import pytest
 
 from probepo.pipeline import train
 from probepo.schedule import stages_for_update
+from slurm.accounting import job_costs
+from slurm.costs import run_costs
 from tests.flows import NEEDS_PREFECT
 from tests.pipeline.conftest import tiny_config
 
@@ -67,6 +70,10 @@ def test_the_train_flow_names_every_stage_publishes_artifacts_and_matches_the_dr
     assert set(by_type) >= {"progress", "table", "markdown"}
     assert by_type["progress"].data == 100.0 and "Run flow-train" in by_type["markdown"].data
     assert by_type["progress"].key == "flow-train-progress"
+    [costs] = [artifact for artifact in artifacts if artifact.key == "flow-train-costs"]
+    rows = json.loads(costs.data) if isinstance(costs.data, str) else costs.data
+    assert rows[-1]["stage"] == "run" and rows[-1]["GPU-hours"] is None  # inline: wall time only
+    assert rows[-1]["wall (s)"] == pytest.approx(sum(row["wall (s)"] for row in rows[:-1]), abs=0.5)
 
     again = resume_flow("flow-train", store=warm_store.url, return_state=True)  # complete: nothing to run
     assert again.is_completed() and _task_run_names(again.state_details.flow_run_id, 0) == set()
@@ -130,3 +137,8 @@ def test_with_the_resident_executor_one_driver_job_is_one_task_run(warm_store, p
     [job] = warm_store.jobs("flow-resident", 0, "driver")
     assert {a["job_id"] for a in warm_store.attempts("flow-resident")} == {job["job_id"]}
     assert _task_run_names(state.state_details.flow_run_id, 1) == {f"driver · job {job['job_id']}"}
+    # the driver job's accounted cost, split over the stages it ran, adds up to what sacct -D charged it
+    charged = job_costs([job["job_id"]])[job["job_id"]]
+    costs = run_costs(warm_store, "flow-resident")
+    assert costs.accounted_jobs == 1 and len(costs.stages) > 1 and charged.cpu_seconds > 0
+    assert costs.cpu_hours == pytest.approx(charged.cpu_hours)

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from probepo import grading
-from probepo.grading import TAIL_CHARS, grade, last_boxed
+from probepo.grading import ANSWER_CAP_CHARS, grade, last_boxed
 
 BENCHMARKS = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks"
 
@@ -93,9 +93,12 @@ def test_wrong_or_unboxed_answer_scores_zero(completion, gold):
     assert grade([completion], [gold]) == [0.0]
 
 
-def test_only_the_tail_window_is_read():
-    head = "\\boxed{7}" + "x" * TAIL_CHARS
-    assert grade([head, head + "\\boxed{7}"], ["7", "7"]) == [0.0, 1.0]
+def test_the_last_box_counts_wherever_it_is_and_its_content_is_capped():
+    after = " Let me double-check." * 5_000  # 100,000 characters after the box
+    within_cap = "\\boxed{7" + " " * (ANSWER_CAP_CHARS - 1) + "}"  # exactly the cap
+    over_cap = "\\boxed{7" + " " * ANSWER_CAP_CHARS + "}"
+    completions = ["\\boxed{7}" + after, "\\boxed{7}" + after + "\\boxed{8}", within_cap, over_cap]
+    assert grading.grade_with_reasons(completions, ["7"] * 4) == ["correct", "wrong", "correct", "unparsable"]
 
 
 def test_nested_braces_in_box():
@@ -147,12 +150,12 @@ ADVERSARIAL = {
     "power tower of twos": "\\boxed{2^{2^{2^{2^{2^{2}}}}}}",
     "huge factorial": "\\boxed{(10^{6})!}",
     "50k nested braces": "\\boxed{" + "{" * 50_000 + "1" + "}" * 50_000 + "}",
-    "2k nested braces in the window": "\\boxed{" + "{" * 1_500 + "1" + "}" * 1_500 + "}",
+    "1.5k nested braces": "\\boxed{" + "{" * 1_500 + "1" + "}" * 1_500 + "}",
     "nested square roots": "\\boxed{" + "\\sqrt{" * 400 + "2" + "}" * 400 + "}",
     "big integer power": "\\boxed{123456789^{123456789}}",
     "1 MB completion": "\\frac{1}{2}+" * 90_000 + "\\boxed{1}",
-    "1 MB box (starts before the window)": "\\boxed{" + "\\frac{1}{2}+" * 90_000 + "1}",
-    "long sum in the window": "\\boxed{" + "x^{2}+" * 600 + "1}",
+    "1 MB box (over the cap)": "\\boxed{" + "\\frac{1}{2}+" * 90_000 + "1}",
+    "long sum under the cap": "\\boxed{" + "x^{2}+" * 600 + "1}",
 }
 
 

@@ -38,9 +38,15 @@ def every_config(every: int) -> RunConfig:
 
 
 def train_cli(
-    store_url: str, preset: Path, run_id: str, crash_at: str | None, events: Path | None = None
+    store_url: str,
+    preset: Path,
+    run_id: str,
+    crash_at: str | None,
+    events: Path | None = None,
+    profile: Path | None = None,
 ) -> int:
-    """`probepo train PRESET` in a subprocess, SIGKILLed at `crash_at` if given; returns its exit status."""
+    """`probepo train PRESET` in a subprocess (with `--profile` if given), SIGKILLed at `crash_at` if given;
+    returns its exit status."""
     env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
     if crash_at:
         env[CRASH_ENV] = crash_at
@@ -48,4 +54,6 @@ def train_cli(
     command += ["--store", store_url, "--quiet"]
     if events is not None:
         command += ["--tensorboard", str(events)]
+    if profile is not None:
+        command += ["--profile", str(profile)]
     return subprocess.run(command, env=env, capture_output=True, timeout=300).returncode

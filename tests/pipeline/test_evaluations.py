@@ -1,16 +1,23 @@
-"""Checkpoints evaluated after the fact (probepo/evaluations.py): the pairs that lack an evaluation, each
-committed create-only beside its run, the same numbers as the run's own evaluate stage."""
+"""Checkpoints evaluated after the fact (probepo/evaluations.py): the selected pairs that lack an
+evaluation, each committed create-only beside its run, the same numbers as the run's own evaluate stage
+(which are taken instead where the run made them), from the weights alone."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
-from probepo.evaluations import EvaluationRequest, evaluate_checkpoint, missing
+from probepo.config import CheckpointSelection
+from probepo.evaluations import EvaluationRequest, adopt_run_evaluation, evaluate_checkpoint, missing
 from probepo.pipeline import train
 from probepo.stages.warmup import warmup_run_id
+from probepo.store.store import ArtifactStore
 from slurm.arrays import run_array
 from slurm.backends import chunks
 from tests.pipeline.conftest import tiny_config
+
+EVALS_RUN = CheckpointSelection(runs=("evals-run",))
 
 
 @pytest.fixture(scope="module")
@@ -20,8 +27,11 @@ def trained(warm_store):
 
 
 def test_each_checkpoint_is_evaluated_once_to_the_in_run_evaluations_bits(trained):
-    wanted = missing(trained, ["heldout"], runs=["evals-run"])
+    wanted = missing(trained, ["heldout"], EVALS_RUN)
     assert [(r.checkpoint, r.suite) for r in wanted] == [(0, "heldout"), (1, "heldout"), (2, "heldout")]
+    assert all(
+        r.from_run for r in wanted
+    )  # evaluated by the run itself (eval every update): done anyway here
     outcomes = run_array("inline", evaluate_checkpoint, wanted, profile=None, name="evals")
     assert [o.result for o in outcomes] == ["evaluated"] * 3 and all(o.error is None for o in outcomes)
     records = trained.evaluations("evals-run")
@@ -32,7 +42,7 @@ def test_each_checkpoint_is_evaluated_once_to_the_in_run_evaluations_bits(traine
             in_run["accuracy"], in_run["stderr"], in_run["problems"]
         )  # fmt: skip
         assert len(record["per_problem"]["correct"]) == 16
-    assert missing(trained, ["heldout"], runs=["evals-run"]) == []
+    assert missing(trained, ["heldout"], EVALS_RUN) == []
     first = records[(1, "heldout")]
     assert evaluate_checkpoint(wanted[1]) == "exists"  # a second night, a concurrent run: nothing twice
     assert trained.evaluations("evals-run")[(1, "heldout")] == first
@@ -40,7 +50,7 @@ def test_each_checkpoint_is_evaluated_once_to_the_in_run_evaluations_bits(traine
 
 
 def test_only_applicable_suites_and_known_names(trained):
-    assert missing(trained, ["math500"], runs=["evals-run"]) == []  # a testbed model cannot read maths
+    assert missing(trained, ["math500"], EVALS_RUN) == []  # a testbed model cannot read maths
     warmup = warmup_run_id(tiny_config())
     trained.objects.put_bytes("runs/no-recipe/metrics.jsonl", b"")  # a run folder without run.json
     assert {warmup, "no-recipe"} <= set(trained.runs())
@@ -49,6 +59,60 @@ def test_only_applicable_suites_and_known_names(trained):
         missing(trained, ["nosuch"])
     with pytest.raises(ValueError, match="suites: none given"):
         missing(trained, [])
+
+
+def test_the_runs_own_evaluations_are_taken_with_the_numbers_an_evaluation_makes(trained):
+    train(tiny_config(num_updates=2, store=trained.url), "evals-twin", store=trained)  # evals-run's recipe
+    wanted = missing(trained, ["heldout"], CheckpointSelection(runs=("evals-twin",)))
+    assert [adopt_run_evaluation(request) for request in wanted] == ["reused"] * 3
+    assert adopt_run_evaluation(wanted[0]) == "exists"
+    run_array("inline", evaluate_checkpoint, missing(trained, ["heldout"], EVALS_RUN), profile=None, name="e")
+    for k in range(3):
+        evaluated, taken = (
+            trained.evaluation("evals-run", k, "heldout"),
+            trained.evaluation("evals-twin", k, "heldout"),
+        )
+        assert [evaluated[key] for key in ("mean", "stderr", "problems", "k")] == [
+            taken[key] for key in ("mean", "stderr", "problems", "k")
+        ]
+        assert taken["from_run"] == {"update": k, "stage": "evaluate", "file": "eval.parquet"}
+
+
+def test_the_selection_takes_runs_by_pattern_and_checkpoints_latest_every_nth_or_since(trained):
+    train(tiny_config(num_updates=2, store=trained.url), "select-a", store=trained)
+    train(tiny_config(num_updates=2, store=trained.url), "select-b", store=trained)
+
+    def chosen(**fields: object) -> list[tuple[str, int]]:
+        found = missing(trained, ["heldout"], CheckpointSelection(runs=("select-a", "*-b"), **fields))
+        return [(request.run_id, request.checkpoint) for request in found]
+
+    a, b = [("select-a", k) for k in range(3)], [("select-b", k) for k in range(3)]
+    assert chosen() == a + b  # and none of the module's other runs
+    assert chosen(latest=True) == [a[2], b[2]]
+    assert chosen(every=2) == [a[0], a[2], b[0], b[2]]
+    assert chosen(every=2, updates=(0, 1)) == [a[0], b[0]]
+    assert chosen(since=datetime.now(UTC) + timedelta(minutes=5)) == []
+    assert chosen(since=datetime(2020, 1, 1), latest=True) == [a[2], b[2]]  # no zone: UTC
+    with pytest.raises(ValueError, match="every"):
+        CheckpointSelection(every=0)
+    with pytest.raises(ValueError, match="empty run name"):
+        CheckpointSelection(runs=("",))
+
+
+def test_an_evaluation_downloads_the_weights_without_the_optimizer_state(trained, monkeypatch):
+    fetched = []
+    download = ArtifactStore.download_stage_file
+
+    def spy(self, run_id, update, stage, name, dest):
+        fetched.append(name)
+        return download(self, run_id, update, stage, name, dest)
+
+    train(tiny_config(num_updates=1, store=trained.url), "evals-weights", store=trained)
+    monkeypatch.setattr(ArtifactStore, "download_stage_file", spy)
+    checkpoint = trained.marker("evals-weights", 1, "checkpoint")["files"]
+    assert "optimizer.safetensors" in checkpoint
+    assert evaluate_checkpoint(EvaluationRequest(trained.url, "evals-weights", 1, "heldout")) == "evaluated"
+    assert sorted(fetched) == sorted(name for name in checkpoint if name != "optimizer.safetensors")
 
 
 def test_an_items_error_is_its_outcome_and_the_others_go_on(trained):

@@ -52,10 +52,11 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 @pytest.fixture
 def profile_path(tmp_path: Path, slurm_cluster) -> Path:
     """An execution profile for the test cluster: every stage in the preemptable `low` partition, a fresh
-    job folder, quick polls."""
+    job folder, quick polls at a fixed interval (backing off would only delay seeing a job end)."""
     profile = ExecutionProfile(
         job_folder=str(tmp_path / "jobs"),
         poll_s=0.3,
+        poll_max_s=0.3,
         defaults=StageResources(partition="low", time_min=15, signal_grace_s=30),
     )
     path = tmp_path / "profile.yaml"

@@ -1,6 +1,7 @@
 """The executors against real daemons: every stage a job (SLURM, or a local subprocess) gives the inline
 run's bits; jobs see no secret of the driver and still reach S3; multi-task jobs get their rank
-environment; bad requests and a missing SLURM are refused before anything runs, naming why."""
+environment; bad requests (a multi-node profile among them) and a missing SLURM are refused before anything
+runs, naming why."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,7 @@ from probepo.presets import load_profile
 from probepo.schedule import TRAINING_STAGES
 from slurm import make_runner
 from tests.slurm.conftest import drill_config
-from tests.slurm.drill import Drill
+from tests.slurm.drill import Drill, slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -83,7 +85,7 @@ def test_three_updates_as_slurm_jobs_on_s3_equal_inline_and_jobs_hold_no_secret(
 def test_the_local_executor_runs_each_stage_in_a_subprocess_with_the_same_bits(
     warm_store, drill_baseline, tmp_path
 ):
-    profile = ExecutionProfile(job_folder=str(tmp_path / "jobs"), poll_s=0.2)
+    profile = ExecutionProfile(job_folder=str(tmp_path / "jobs"), poll_s=0.2, poll_max_s=0.2)
     runner = make_runner("local", profile)
     train(drill_config(), "drill-local", store=warm_store, runner=runner)
     assert _final(warm_store, "drill-local", 1) == drill_baseline
@@ -136,6 +138,31 @@ def test_a_profile_field_that_does_not_exist_is_named(tmp_path):
     with pytest.raises(ValueError, match="AWS_SECRET_ACCESS_KEY would hand credentials"):
         path.write_text(yaml.safe_dump({"env_allow": ["PATH", "AWS_SECRET_ACCESS_KEY"]}))
         load_profile(path)
+
+
+@pytest.mark.parametrize(("executor", "stage"), [("slurm", "optimize"), ("resident", "driver")])
+def test_a_multi_node_profile_is_refused_before_any_job_is_submitted(
+    slurm_cluster, tmp_path, executor, stage
+):
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() - 1))
+    path = tmp_path / "profile.yaml"
+    jobs = tmp_path / "jobs"
+    path.write_text(yaml.safe_dump({"job_folder": str(jobs), "stages": {stage: {"nodes": 2}}}))
+    store, run_id = tmp_path / "store", f"two-nodes-{executor}"
+    options = {"--run-id": run_id, "--executor": executor, "--profile": str(path), "--store": str(store)}
+    result = subprocess.run(
+        [*CLI_TRAIN[:-2], *(word for pair in options.items() for word in pair)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"stages.{stage}.nodes: 2 is refused: multi-node jobs are not supported yet" in result.stderr
+    # No sbatch ran: submitit makes the job folder at its first submission; SLURM knows no job of the run.
+    assert not jobs.exists() and not store.exists()
+    names = slurm("sacct", "-n", "-X", "-P", "-a", "-S", started, "-o", "JobName").splitlines()
+    assert not [name for name in names if name.startswith(f"probepo-{run_id}-")]
 
 
 def _cli_slurm(env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -35,7 +35,9 @@ def ranks_config():
 
 
 def write_profile(folder, stages: dict[str, StageResources]):
-    profile = ExecutionProfile(job_folder=str(folder / "jobs"), poll_s=0.3, defaults=LOW, stages=stages)
+    profile = ExecutionProfile(
+        job_folder=str(folder / "jobs"), poll_s=0.3, poll_max_s=0.3, defaults=LOW, stages=stages
+    )
     path = folder / "profile.yaml"
     path.write_text(yaml.safe_dump(profile.model_dump(mode="json", exclude_defaults=True)))
     return path

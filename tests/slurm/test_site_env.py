@@ -38,6 +38,7 @@ def test_stage_jobs_in_a_container_commit_the_inline_runs_bits(
     profile = ExecutionProfile(
         job_folder=str(tmp_path / "jobs"),
         poll_s=0.3,
+        poll_max_s=0.3,
         python=f"{container} --die-with-parent {sys.executable}",
         defaults=StageResources(partition="low", time_min=15, signal_grace_s=30),
     )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -26,6 +28,7 @@ from probepo.store import (
     open_store,
 )
 from probepo.store.keys import RunLayout
+from probepo.store.s3 import MULTIPART_THRESHOLD
 
 RUN = "run-1"
 
@@ -160,6 +163,22 @@ def test_invalidate_with_force_recomputes_a_healthy_stage(store: ArtifactStore) 
     assert not store.committed(RUN, 0, "evaluate")
     with pytest.raises(NotCommitted):
         store.invalidate(RUN, 0, "evaluate")
+
+
+def test_a_large_file_is_stored_whole_with_the_digest_of_its_bytes(
+    store: ArtifactStore, tmp_path: Path
+) -> None:
+    # Past S3's multipart threshold (parts sent in parallel, the last one short) and several times the
+    # local backend's early-writeback step: one read of the file hashes what is stored.
+    path = tmp_path / "optimizer.safetensors"
+    path.write_bytes(os.urandom(MULTIPART_THRESHOLD + (5 << 20) + 7))
+    marker = store.commit_stage(RUN, 4, "checkpoint", {"optimizer.safetensors": path})
+    data = path.read_bytes()
+    assert marker["files"]["optimizer.safetensors"] == {
+        "size": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+    }
+    assert store.objects.get_bytes(data_key(store, 4, "checkpoint", "optimizer.safetensors")) == data
 
 
 def test_download_stage_file_streams_and_verifies(store: ArtifactStore, tmp_path: Path) -> None:

@@ -80,7 +80,12 @@ class FakeBackend:
         return job_id
 
     def submit_arrays(
-        self, function: Callable[[Any], Any], items: Sequence[Any], resources: StageResources, folder: Path
+        self,
+        function: Callable[[Any], Any],
+        items: Sequence[Any],
+        resources: StageResources,
+        folder: Path,
+        parallelism: int | None = None,
     ) -> list[list[Any]]:
         raise NotImplementedError("the job runner submits no arrays")
 
@@ -108,6 +113,9 @@ class FakeBackend:
         for job_id in job_ids:
             self.jobs[job_id].cancelled = True
             self.cancelled.append(job_id)
+
+    def costs(self, job_ids: Iterable[str]) -> None:
+        return None
 
     def stderr_tail(self, folder: Path, job_id: str, lines: int = 15) -> str:
         return f"Traceback (most recent call last):\n{ERROR}\n(stderr of fake job {job_id})"

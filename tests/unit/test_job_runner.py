@@ -1,11 +1,12 @@
 """The job runner's decisions on a scripted backend (tests/unit/fake_backend.py), each in well under a
 second: transient refusals retried, then SubmitFailed; a job that died submitted again up to
 max_resubmits, then StageFailed naming the job; a stage's own failure never resubmitted; a requeued job
-waited on; a restarted driver re-attaching; a cancel. The same runner on the real cluster:
-tests/slurm/."""
+waited on; a restarted driver re-attaching; a cancel; polls that back off while nothing changes. The same
+runner on the real cluster: tests/slurm/."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, open_store
 from slurm.backends import SubmitFailed, SubmitRefused, SubmitTransient
-from slurm.runner import SUBMIT_TRIES, DriverStopped, JobRunner, StageFailed
+from slurm.runner import SUBMIT_TRIES, DriverStopped, JobRunner, StageFailed, sleep_unless_stopped
 from tests.unit.fake_backend import ERROR, FakeBackend, Poll, committing, job, killed
 
 RUN = "fake-run"
@@ -140,3 +141,48 @@ def test_cancel_ends_the_open_jobs_and_closes_their_records(store, tmp_path):
     runner.cancel_jobs(store, RUN, open_jobs)
     assert backend.cancelled == ["1000"] and _outcomes(store) == ["cancelled"]
     assert runner.open_jobs(store, RUN) == []
+
+
+def _pauses(runner: JobRunner) -> list[float]:
+    """The waits `runner` makes between polls, recorded instead of slept."""
+    waits: list[float] = []
+    runner.pause = lambda seconds, should_stop: waits.append(seconds)
+    return waits
+
+
+def test_polls_back_off_while_a_job_stays_running_and_start_over_after_a_change(store, tmp_path):
+    profile = ExecutionProfile(poll_s=1.0, poll_max_s=2.0)
+    requeued = job(
+        "PENDING",
+        *["RUNNING"] * 5,
+        Poll("REQUEUED", AttemptOutcome.PREEMPTED),
+        "PENDING",
+        "RUNNING",
+        "RUNNING",
+        Poll("COMPLETED", AttemptOutcome.COMMITTED, commit=True),
+    )
+    runner = JobRunner(FakeBackend(store, [requeued]), profile)
+    waits = _pauses(runner)
+    runner.run(*_stage(store, tmp_path))
+    grown = [1.25, 1.25**2, 1.25**3, 2.0]  # after PENDING and RUNNING (changes), 4 unchanged RUNNING polls
+    assert waits == [1.0, 1.0, *grown, 1.0, 1.0, 1.0, 1.25]  # REQUEUED, PENDING, RUNNING: back to poll_s
+
+
+def test_a_commit_seen_while_the_job_runs_starts_the_polls_over(store, tmp_path):
+    runner = JobRunner(
+        FakeBackend(store, [job(*["RUNNING"] * 5, Poll("COMPLETED", commit=True))]),
+        ExecutionProfile(poll_s=1.0, poll_max_s=60.0),
+    )
+    waits = _pauses(runner)
+    commits_seen = iter([False, False, True, False, False, False])  # the resident job's metrics, say
+    runner.on_poll = lambda: next(commits_seen)
+    runner.run(*_stage(store, tmp_path))
+    assert waits == [1.0, 1.25, 1.0, 1.25, 1.25**2]
+
+
+def test_a_long_wait_ends_as_soon_as_the_driver_is_told_to_stop():
+    started = time.monotonic()
+    sleep_unless_stopped(600.0, lambda: True)
+    assert time.monotonic() - started < 0.5
+    with pytest.raises(ValueError, match=r"poll_max_s = 0\.5 is below poll_s = 1\.0"):
+        ExecutionProfile(poll_s=1.0, poll_max_s=0.5)

@@ -26,4 +26,4 @@ def test_the_rendezvous_port_is_below_the_ephemeral_range_and_stable_per_job(job
     first, again = job_ranks(), job_ranks()
     assert PORT_BASE <= first.master_port < PORT_BASE + PORT_SPAN <= _ephemeral_start()
     assert first.master_port == again.master_port  # a requeued job finds the same port
-    assert (first.rank, first.local_rank, first.world_size, first.nodes) == (1, 1, 2, 1)
+    assert (first.rank, first.local_rank, first.world_size) == (1, 1, 2)

@@ -40,6 +40,7 @@ def test_every_preset_is_a_train_deployment_opening_on_it_with_the_sites_default
     assert made["team"]["parameters"]["config"]["num_updates"] == 3
     assert made["team"]["description"] == "Our recipe. (recipes/team.yaml)"
     nightly = {"store": "s3://team/runs", "executor": "slurm", "profile": profile}
+    nightly |= {"selection": {"latest": True}, "max_parallel": 8}  # prefect.yaml's: a night fit for a cluster
     assert made["nightly-eval"]["parameters"] == nightly
     assert made["nightly-eval"]["schedules"][0]["cron"] == "0 2 * * *"  # the rest of prefect.yaml kept
     assert made["resume"]["parameters"]["executor"] == "resident"
@@ -51,7 +52,8 @@ def test_without_a_site_the_deployments_keep_their_defaults(monkeypatch):
     site, folder = load_site(None)
     made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
     assert made["cpu-demo"]["parameters"]["config"] == RunConfig().model_dump(mode="json")
-    assert made["nightly-eval"]["parameters"] == {"executor": "inline", "profile": None}  # no store: refuses
+    nightly = {"executor": "inline", "profile": None, "selection": {"latest": True}, "max_parallel": 8}
+    assert made["nightly-eval"]["parameters"] == nightly  # no store: it refuses to start
 
 
 @pytest.mark.parametrize(

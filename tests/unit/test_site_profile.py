@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from probepo.config import ExecutionProfile
 from slurm.site import gpus_in_gres, minutes
 
 
@@ -47,7 +48,6 @@ def test_sbatch_extra_takes_the_listed_options_and_refuses_others():
 
 
 def test_env_allow_extra_adds_to_the_default_list_and_refuses_credentials():
-    from probepo.config import ExecutionProfile
 
     profile = ExecutionProfile(env_allow_extra=("NCCL_*",))
     environ = {"NCCL_IB_HCA": "mlx5", "HF_HUB_CACHE": "/shared/hf", "PATH": "/bin", "OTHER": "x"}
@@ -65,3 +65,20 @@ def test_the_slurm_submission_carries_the_sites_options():
     parameters = SlurmBackend(ExecutionProfile()).parameters("job", resources)
     assert parameters["srun_args"] == ["--export=ALL", image]
     assert parameters["additional_parameters"]["exclusive"] is True
+
+
+def test_an_evaluation_array_task_gets_one_gpu_and_one_rank_unless_its_profile_entry_says():
+    profile = ExecutionProfile.model_validate(
+        {
+            "stages": {
+                "evaluate": {"partition": "h200", "gpus_per_node": 8, "tasks_per_node": 8, "mem_gb": 512}
+            }
+        }
+    )
+    task = profile.resources("eval_task")
+    assert (task.partition, task.nodes, task.tasks_per_node, task.gpus_per_node, task.gpus_per_task) == (
+        "h200", 1, 1, 0, 1
+    )  # fmt: skip
+    assert ExecutionProfile().resources("eval_task").gpus_per_task == 0  # a CPU profile stays on CPUs
+    listed = ExecutionProfile.model_validate({"stages": {"eval_task": {"gpus_per_task": 2, "mem_gb": 64}}})
+    assert (listed.resources("eval_task").gpus_per_task, listed.resources("eval_task").mem_gb) == (2, 64)

@@ -1,0 +1,92 @@
+"""Checkpoint retention (probepo/store/retention.py, the profile's `retention`): what a run keeps of its
+full checkpoints, the markers of a partial deletion, a killed run resumed bitwise, and the evaluations
+seeing only the weights kept."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import yaml
+
+from probepo.config import CheckpointSelection, Retention
+from probepo.evaluations import missing, retain_checkpoints
+from probepo.pipeline import train
+from probepo.store.retention import holds, plan_retention
+from tests.pipeline.conftest import FINAL_FILES, tiny_config, train_cli
+
+UPDATES = 10
+RETAIN = Retention(optimizer_last=1, weights_every=4)
+"""10 updates, a full checkpoint every 2: the optimizer state of the last one, the weights of every 4th."""
+EXPECTED = {0: "weights", 2: "record", 4: "weights", 6: "record", 8: "weights", 10: "full"}
+WEIGHTS = {"config.json", "model.safetensors", "trainer.json"}
+
+
+def test_the_plan_keeps_the_last_optimizer_states_and_every_mth_weights():
+    full = dict.fromkeys(range(0, 11, 2), "full")
+    assert plan_retention(full, RETAIN) == {u: h for u, h in EXPECTED.items() if h != "full"}
+    pending = {0: "weights", 2: "record", 4: "weights", 6: "weights", 8: "weights"}  # 6 awaits an evaluation
+    assert plan_retention(full, RETAIN, pending=[6]) == pending
+    two = Retention(optimizer_last=2, weights_every=4)
+    assert plan_retention(full, two) == {0: "weights", 2: "record", 4: "weights", 6: "record"}
+    assert plan_retention(EXPECTED, RETAIN) == {}  # nothing more to prune, nothing restored
+    assert plan_retention(full, Retention()) == {}  # the default keeps everything
+    assert plan_retention({**EXPECTED, 12: "full"}, RETAIN) == {10: "record"}
+
+
+def _checkpoint_files(store, run_id: str) -> dict[int, set[str]]:
+    """The files of each checkpoint the store holds, by listing its objects (not by reading markers)."""
+    found: dict[int, set[str]] = {}
+    root = f"runs/{run_id}/checkpoints/"
+    for info in store.objects.list(root):
+        update, *_, name = info.key[len(root) :].split("/")
+        found.setdefault(int(update), set()).add(name)
+    return found
+
+
+@pytest.mark.integration
+def test_a_retained_run_keeps_exactly_what_it_says_and_resumes_bitwise_after_a_kill(warm_store, tmp_path):
+    config = tiny_config("probepo", num_updates=UPDATES, checkpoint_every=2)
+    train(config, "retain-none", store=warm_store)  # the reference: every checkpoint whole
+    preset, profile = tmp_path / "recipe.yaml", tmp_path / "profile.yaml"
+    preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
+    profile.write_text(yaml.safe_dump({"retention": RETAIN.model_dump(mode="json")}))
+
+    # Killed right after update 7 committed policy 8, before the driver pruned: 6 is the last pruned pass's
+    assert (
+        train_cli(warm_store.url, preset, "retain", "7:optimize:after-commit", profile=profile)
+        == -signal.SIGKILL
+    )
+    markers = {u: warm_store.marker("retain", u, "checkpoint") for u in range(0, 9, 2)}
+    assert {u: holds(m) for u, m in markers.items()} == {0: "weights", 2: "record", 4: "weights", 6: "full",
+                                                         8: "full"}  # fmt: skip
+    assert train_cli(warm_store.url, preset, "retain", None, profile=profile) == 0
+
+    assert {u: holds(warm_store.marker("retain", u, "checkpoint")) for u in EXPECTED} == EXPECTED
+    kept = {"full": WEIGHTS | {"optimizer.safetensors"}, "weights": WEIGHTS, "record": set()}
+    assert _checkpoint_files(warm_store, "retain") == {u: kept[h] for u, h in EXPECTED.items() if kept[h]}
+    report = warm_store.verify("retain")
+    assert report.problems == [] and report.stages > 0
+    final, reference = (
+        warm_store.read_stage(run, UPDATES, "checkpoint") for run in ("retain", "retain-none")
+    )
+    assert {name: final[name] for name in FINAL_FILES} == {name: reference[name] for name in FINAL_FILES}
+    pruned = warm_store.marker("retain", 6, "checkpoint")["pruned"]
+    assert pruned["kept"] == "record" and set(pruned["files"]) == kept["full"]
+
+    # The evaluations see only the checkpoints that kept their weights.
+    selection = CheckpointSelection(runs=("retain",))
+    assert [r.checkpoint for r in missing(warm_store, ["heldout"], selection)] == [0, 4, 8, 10]
+
+
+@pytest.mark.integration
+def test_weights_the_nightly_has_still_to_evaluate_are_kept_unless_told(warm_store):
+    sparse = {**tiny_config().eval.model_dump(), "every": 100}  # evaluated in the run at 0 and 4 only
+    train(tiny_config(num_updates=4, eval=sparse, store=warm_store.url), "retain-pending", store=warm_store)
+    rarely = Retention(optimizer_last=1, weights_every=100)
+    report = retain_checkpoints(warm_store, "retain-pending", rarely, dry_run=True)
+    assert report.pruned == dict.fromkeys(range(4), "weights")  # 0: every 100th; 1-3 await the nightly
+    latest_only = rarely.model_copy(update={"pending_evaluation": CheckpointSelection(latest=True)})
+    pruned = retain_checkpoints(warm_store, "retain-pending", latest_only).pruned
+    assert pruned == {0: "weights", 1: "record", 2: "record", 3: "record"}  # the nightly reads only 4
+    assert warm_store.verify("retain-pending").problems == []
