@@ -174,7 +174,7 @@ NodeName=$NODE NodeAddr=127.0.0.1 CPUs=16 Boards=1 SocketsPerBoard=1 CoresPerSoc
 # GraceTime=10: a preempted job has 10 s between its signal and the kill (then requeue).
 PartitionName=low Nodes=$NODE Default=YES PriorityTier=1 GraceTime=10 MaxTime=INFINITE State=UP
 PartitionName=high Nodes=$NODE PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
-# short: at most an hour a job (what `probepo check` compares a stage's time limit with in the tests).
+# short: at most an hour a job (what probepo check compares a stage's time limit with in the tests).
 PartitionName=short Nodes=$NODE PriorityTier=1 GraceTime=10 MaxTime=60 State=UP
 EOF
 mv "$ETC/slurm.conf.new" "$ETC/slurm.conf"
