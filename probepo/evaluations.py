@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from probepo.config import CheckpointSelection, RunConfig
 from probepo.config.retention import Retention
@@ -62,12 +63,12 @@ def check_suites(suites: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(suites))
 
 
-def checkpoints(store: ArtifactStore, run_id: str) -> dict[int, datetime]:
-    """The updates whose checkpoint (policy k) is committed with its weights (retention may have deleted
-    those of some), with when each was committed."""
+def checkpoints(markers: Mapping[int, Mapping[str, Any]]) -> dict[int, datetime]:
+    """Of a run's checkpoint markers (retention.checkpoint_markers), the updates whose checkpoint (policy
+    k) still holds its weights (retention may have deleted those of some), with when each was committed."""
     return {
         update: datetime.fromisoformat(marker["committed_at"])
-        for update, marker in sorted(checkpoint_markers(store, run_id).items())
+        for update, marker in sorted(markers.items())
         if holds(marker) != "record"
     }
 
@@ -76,15 +77,13 @@ def stored_config(store: ArtifactStore, run_id: str) -> RunConfig:
     return validate_run_config(store.read_run(run_id)["config"], f"run {run_id}: its stored recipe")
 
 
-def _evaluated_in_run(store: ArtifactStore, run_id: str, config: RunConfig) -> set[tuple[int, str]]:
-    """The (update, suite) pairs the run's own evaluate stage committed: policy k on its held-out split,
-    or on each of `eval.benchmarks` — the same numbers an evaluation after the fact would make."""
+def _evaluated_in_run(entries: Mapping[int, list[str]], config: RunConfig) -> set[tuple[int, str]]:
+    """The (update, suite) pairs the run's own evaluate stage committed (`entries`: its ledger): policy k
+    on its held-out split, or on each of `eval.benchmarks` — the same numbers an evaluation after the fact
+    would make."""
     in_run = config.eval.benchmarks or (HELDOUT,)
     return {
-        (update, suite)
-        for update, stages in store.ledger_entries(run_id).items()
-        if Stage.EVALUATE in stages
-        for suite in in_run
+        (update, suite) for update, stages in entries.items() if Stage.EVALUATE in stages for suite in in_run
     }
 
 
@@ -100,20 +99,28 @@ def missing(
     wanted = []
     for run_id in filter(selection.takes_run, store.runs()):
         try:
-            wanted += _missing_of_run(store, run_id, chosen, selection)
+            entries = store.ledger_entries(run_id)
+            markers = checkpoint_markers(store, run_id, entries)
+            wanted += _missing_of_run(store, run_id, chosen, selection, entries, markers)
         except (ConfigError, StoreError) as exc:  # a recipe of another version, a folder without run.json
             log.warning("skipping run %s: %s", run_id, exc)
     return wanted
 
 
 def _missing_of_run(
-    store: ArtifactStore, run_id: str, suites: Sequence[str], selection: CheckpointSelection
+    store: ArtifactStore,
+    run_id: str,
+    suites: Sequence[str],
+    selection: CheckpointSelection,
+    entries: Mapping[int, list[str]],
+    markers: Mapping[int, Mapping[str, Any]],
 ) -> list[EvaluationRequest]:
+    """`missing` for one run, from its ledger `entries` and checkpoint `markers` (read once by the caller)."""
     config = stored_config(store, run_id)
     done = store.evaluations(run_id)
-    in_run = _evaluated_in_run(store, run_id, config)
+    in_run = _evaluated_in_run(entries, config)
     applicable = [name for name in suites if name in suites_for(config)]
-    committed = checkpoints(store, run_id)
+    committed = checkpoints(markers)
     return [
         EvaluationRequest(store.url, run_id, k, name, from_run=(k, name) in in_run)
         for k in selection.choose(list(committed), committed.__getitem__)
@@ -127,7 +134,9 @@ def retain_checkpoints(
 ) -> RetentionReport:
     """Prune the run's checkpoints as `retention` says, keeping the weights its nightly evaluation still
     has to read (`retention.pending_evaluation`: the checkpoints it would evaluate that lack an
-    evaluation the run did not make itself)."""
+    evaluation the run did not make itself). The ledger is listed and the markers read once."""
+    entries = store.ledger_entries(run_id)
+    markers = checkpoint_markers(store, run_id, entries)
     selection = retention.pending_evaluation
     pending = (
         set()
@@ -135,12 +144,12 @@ def retain_checkpoints(
         else {
             request.checkpoint
             for request in _missing_of_run(
-                store, run_id, check_suites(retention.evaluation_suites), selection
+                store, run_id, check_suites(retention.evaluation_suites), selection, entries, markers
             )
             if not request.from_run
         }
     )
-    return apply_retention(store, run_id, retention, pending, dry_run=dry_run)
+    return apply_retention(store, run_id, retention, pending, markers=markers, dry_run=dry_run)
 
 
 def adopt_run_evaluation(request: EvaluationRequest) -> str:
@@ -174,7 +183,7 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     store = open_store(request.store_url)
     if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
         return "exists"
-    if request.checkpoint not in (committed := checkpoints(store, request.run_id)):
+    if request.checkpoint not in (committed := checkpoints(checkpoint_markers(store, request.run_id))):
         raise ValueError(
             f"{request.describe()}: run {request.run_id} has no checkpoint with weights at update"
             f" {request.checkpoint} (it has {list(committed)})"

@@ -24,7 +24,7 @@ from probepo.evaluations import retain_checkpoints
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
 from probepo.preemption import Preempted, StopFlag
 from probepo.presets import ConfigError
-from probepo.schedule import Stage, stages_for_update
+from probepo.schedule import Stage, full_checkpoint, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
@@ -154,8 +154,8 @@ def train(
             summaries = {}
             for stage in _update_stages(config, update):
                 summaries[stage] = drive_stage(ctx, stage, runner, progress)
-                if stage == Stage.OPTIMIZE and retention is not None and not retention.keeps_everything:
-                    retain_checkpoints(store, run_id, retention)  # a no-op unless policy k + 1 is full
+                if stage == Stage.OPTIMIZE and _prunes_after(config, update, retention):
+                    retain_checkpoints(store, run_id, retention)
                 lease.check()
                 if flag.raised:  # a stage boundary is a safe point: everything so far is committed
                     metrics.log(update, summaries)
@@ -164,6 +164,13 @@ def train(
                     )
             metrics.log(update, summaries)
     return store.read_metrics(run_id)
+
+
+def _prunes_after(config: RunConfig, update: int, retention: Retention | None) -> bool:
+    """Whether retention has work once update k's optimize committed: only a new full checkpoint (policy
+    k + 1 with its optimizer state) changes what it keeps."""
+    full = full_checkpoint(update + 1, num_updates=config.num_updates, every=config.checkpoint_every)
+    return full and retention is not None and not retention.keeps_everything
 
 
 def _drive_in_a_job(

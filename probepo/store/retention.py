@@ -73,10 +73,12 @@ class RetentionReport:
     """What every checkpoint holds after the pass."""
 
 
-def checkpoint_markers(store: ArtifactStore, run_id: str) -> dict[int, dict[str, Any]]:
-    """Every committed checkpoint's marker, by update."""
+def checkpoint_markers(
+    store: ArtifactStore, run_id: str, entries: Mapping[int, list[str]] | None = None
+) -> dict[int, dict[str, Any]]:
+    """Every committed checkpoint's marker, by update (`entries`: the run's ledger, if already listed)."""
     found = {}
-    for update, stages in store.ledger_entries(run_id).items():
+    for update, stages in (store.ledger_entries(run_id) if entries is None else entries).items():
         if Stage.CHECKPOINT in stages and (marker := store.marker(run_id, update, Stage.CHECKPOINT)):
             found[update] = marker
     return found
@@ -88,11 +90,13 @@ def apply_retention(
     retention: Retention,
     pending: Iterable[int] = (),
     *,
+    markers: Mapping[int, dict[str, Any]] | None = None,
     dry_run: bool = False,
 ) -> RetentionReport:
-    """Prune the run's checkpoints as `retention` says, keeping the weights of `pending` ones. Run it where
-    the run's lease is held (the driver, `probepo store gc`): two pruners of one checkpoint would race."""
-    markers = checkpoint_markers(store, run_id)
+    """Prune the run's checkpoints as `retention` says, keeping the weights of `pending` ones (`markers`:
+    the checkpoints' markers, if already read). Run it where the run's lease is held (the driver, `probepo
+    store gc`): two pruners of one checkpoint would race."""
+    markers = dict(checkpoint_markers(store, run_id) if markers is None else markers)
     changes = plan_retention({u: holds(m) for u, m in markers.items()}, retention, pending)
     report = RetentionReport()
     for update, target in sorted(changes.items()):
