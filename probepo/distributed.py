@@ -2,22 +2,28 @@
 on GPUs) joined through the RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT a job exports, and the few
 collectives they need. Every helper is a no-op (or the local value) in a single process without a group,
 so the same stage code runs inline, in a one-task job and on every rank of a multi-task one.
+
+The ranks of a job may span several nodes, which share nothing but the store: each node has its own
+scratch folder (`node_scratch`), filled by its leader (local rank 0) while the node's other ranks wait.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
+from pathlib import Path
 from typing import Any, TypeVar
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from probepo.devices import gpu_index
+from probepo.devices import gpu_index, local_rank
 
 T = TypeVar("T")
 
@@ -32,6 +38,34 @@ def rank() -> int:
 
 def world_size() -> int:
     return dist.get_world_size() if initialized() else 1
+
+
+NODE_ENV = "PROBEPO_NODE"
+"""The name of the node a rank runs on, as the job exports it (SLURM's SLURMD_NODENAME); unset: this
+host's name."""
+
+
+def node_name() -> str:
+    return os.environ.get(NODE_ENV) or socket.gethostname()
+
+
+def is_node_leader() -> bool:
+    """Whether this rank fills its node's scratch folder (local rank 0): one per node."""
+    return local_rank() == 0
+
+
+def node_scratch(name: str) -> Path:
+    """This node's scratch folder for `name` (a job's), created: `<tmp>/<name>-<node>`. Keyed by the node
+    so that nothing depends on one node seeing another's files, even where nodes share /tmp."""
+    folder = Path(tempfile.gettempdir()) / f"{name}-{node_name()}"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def node_ranks() -> list[int]:
+    """The ranks on this rank's node (collective)."""
+    nodes = all_gather_json(node_name())
+    return [r for r, node in enumerate(nodes) if node == node_name()]
 
 
 TIMEOUT = timedelta(hours=1)
@@ -87,6 +121,20 @@ def keep_group_from_libraries() -> None:
             _destroy_process_group(group)
 
     dist.destroy_process_group = destroy_subgroups_only
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "gloo/transport")
+"""What gloo's errors say when a rank of the group is gone (gloo raises plain RuntimeErrors)."""
+
+
+def lost_a_rank(exc: BaseException) -> bool:
+    """Whether `exc` is a collective that failed because another rank of the group is gone (its process
+    killed, its node lost), not this rank's own error."""
+    if world_size() == 1:
+        return False
+    if isinstance(exc, dist.DistError):  # NCCL's and the TCP store's
+        return True
+    return isinstance(exc, RuntimeError) and any(said in str(exc) for said in _PEER_GONE)
 
 
 def barrier() -> None:
@@ -155,6 +203,26 @@ def broadcast_json(message: Any = None) -> Any:
         buffer.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
     dist.broadcast(buffer, src=0)
     return json.loads(bytes(buffer.cpu().tolist()).decode())
+
+
+def all_gather_json(message: Any) -> list[Any]:
+    """Every rank's JSON-able `message`, in rank order (collective); as UTF-8 bytes in tensors, so nothing
+    received is unpickled."""
+    if world_size() == 1:
+        return [message]
+    data = json.dumps(message).encode()
+    sizes = [torch.zeros(1, dtype=torch.int64, device=_device()) for _ in range(world_size())]
+    dist.all_gather(sizes, torch.tensor([len(data)], dtype=torch.int64, device=_device()))
+    longest = max(int(size.item()) for size in sizes)
+    mine = torch.zeros(longest, dtype=torch.uint8, device=_device())
+    if data:
+        mine[: len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    buffers = [torch.zeros(longest, dtype=torch.uint8, device=_device()) for _ in range(world_size())]
+    dist.all_gather(buffers, mine)
+    return [
+        json.loads(bytes(buffer[: int(size.item())].cpu().tolist()).decode())
+        for buffer, size in zip(buffers, sizes, strict=True)
+    ]
 
 
 def sum_over_ranks(tensor: Tensor) -> Tensor:

@@ -98,7 +98,8 @@ def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) ->
     the job it runs in (None outside a job; the job wrapper in slurm/ hands it over).
 
     The record is written as running before the stage starts (so an attempt killed outright is still
-    visible, with its job id, host and pid) and replaced with its AttemptOutcome when it ends.
+    visible, with its job id, host and pid) and replaced with its AttemptOutcome when it ends: a collective
+    that failed because another rank died is not the stage's own failure (RANK_LOST: submitted again).
     """
     store, run_id, update = ctx.store, ctx.run_id, ctx.update
     record: dict[str, Any] = {
@@ -119,7 +120,8 @@ def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) ->
         record["outcome"] = AttemptOutcome.PREEMPTED
         raise
     except BaseException as exc:
-        record.update(outcome=AttemptOutcome.FAILED, error=f"{type(exc).__name__}: {exc}"[:500])
+        outcome = AttemptOutcome.RANK_LOST if distributed.lost_a_rank(exc) else AttemptOutcome.FAILED
+        record.update(outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:500])
         raise
     finally:
         record.update(ctx.attempt_notes, end=now())
@@ -150,23 +152,28 @@ class LockstepRunner(InlineRunner):
     """The inline runner of rank 0 of a multi-task driver job (the resident executor on several GPUs):
     before each stage it tells the other ranks, which run `follow_stages`, to run that stage too, so every
     rank runs every stage with its engines resident — DeepSpeed's collectives in score, optimize and
-    replays line up, and rank 0 alone records and commits. The ranks share the node's scratch folder (one
-    node). `finish()` releases the followers."""
+    replays line up, and rank 0 alone records and commits. Every rank works in its own node's `scratch`
+    (the job's ranks may span several nodes). `finish()` releases the followers."""
+
+    def __init__(self, scratch: Path, job_id: str | None = None) -> None:
+        super().__init__(job_id)
+        self.scratch = scratch
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         order = {"run_id": request.run_id, "update": request.update, "stage": request.stage}
-        distributed.broadcast_json({**order, "scratch": str(ctx.scratch)})
-        super().run(request, replace(ctx, should_stop=distributed.agreed(ctx.should_stop)))
+        distributed.broadcast_json(order)
+        lockstep = replace(ctx, scratch=self.scratch, should_stop=distributed.agreed(ctx.should_stop))
+        super().run(request, lockstep)
 
     def finish(self) -> None:
         distributed.broadcast_json(None)
 
 
-def follow_stages(request: StageRequest, should_stop: Any) -> None:
-    """Ranks other than 0 of a multi-task driver job: run each stage rank 0's LockstepRunner announces,
-    its commits left to rank 0, until rank 0 finishes (after its last stage, or after a stage stopped at
-    a safe point: Preempted, raised on every rank at once). Should rank 0 die, the group's collectives
-    fail here and this process ends with them."""
+def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> None:
+    """Ranks other than 0 of a multi-task driver job: run each stage rank 0's LockstepRunner announces, in
+    their node's `scratch`, the commits made together with rank 0, until rank 0 finishes (after its last
+    stage, or after a stage stopped at a safe point: Preempted, raised on every rank at once). Should rank
+    0 die, the group's collectives fail here and this process ends with them."""
     store = open_store(request.store_url)
     engines = ResidentEngines()
     while (order := distributed.broadcast_json()) is not None:
@@ -175,7 +182,7 @@ def follow_stages(request: StageRequest, should_stop: Any) -> None:
             order["run_id"],  # the run's, or its warm-up run's
             order["update"],
             request.config,
-            Path(order["scratch"]),
+            scratch,
             should_stop=distributed.agreed(should_stop),
             engines=engines,
         )

@@ -4,7 +4,8 @@ A point is `<update>:<stage>:<when>` (when: before-commit | after-commit, and fo
 also claimed: a rank took the chunk and has not decoded it), e.g. `1:optimize.part-0000:after-commit`, the
 safe point right after the optimizer committed its first mini-batch.
 - `PROBEPO_CRASH_AT=<point>` makes the process SIGKILL itself there, exactly as a node failure would: no
-  handler, no cleanup, no flush.
+  handler, no cleanup, no flush. `<point>@<node>` makes only the ranks on that node (by SLURM's name for
+  it) do so, as when one node of a multi-node job dies.
 - `PROBEPO_PAUSE_AT=<point>[,<point>...]` makes it stop there and wait for a preemption signal, so that a
   drill sends SIGUSR2 or SIGTERM (or preempts the SLURM job) at a known place every time. On arriving it
   writes `<pid> <point>` to the file `PROBEPO_PAUSE_MARK` (if set), so the drill knows when and whom to
@@ -38,7 +39,8 @@ def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bo
     reaches its next safe-point check exactly as after a real preemption.
     """
     point = f"{update}:{stage}:{when}"
-    if os.environ.get(CRASH_ENV) == point:
+    crash_point, _, crash_node = os.environ.get(CRASH_ENV, "").partition("@")
+    if crash_point == point and (not crash_node or crash_node == _node()):
         os.kill(os.getpid(), signal.SIGKILL)
     if point not in os.environ.get(PAUSE_ENV, "").split(","):
         return
@@ -50,3 +52,9 @@ def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bo
         if time.monotonic() > deadline:
             raise PauseTimeout(f"paused at {point} for {PAUSE_TIMEOUT_S:.0f} s and no preemption signal came")
         time.sleep(0.05)
+
+
+def _node() -> str:
+    from probepo.distributed import node_name  # torch: only where a crash names a node
+
+    return node_name()

@@ -5,6 +5,7 @@ Plain integers in, stage names out, and no heavy imports: reading where a run st
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
 
 
@@ -47,6 +48,21 @@ optimizer-rank-*): only resuming the trainer reads them; generation and evaluati
 def is_optimizer_state(name: str) -> bool:
     """Whether a checkpoint's file `name` is optimizer state (see OPTIMIZER_STATE_PREFIX)."""
     return name.startswith(OPTIMIZER_STATE_PREFIX)
+
+
+def optimizer_shard_name(rank: int, world: int) -> str:
+    """The stem of the files (.safetensors and .json) of rank `rank`'s optimizer shard among `world` ranks
+    (DeepSpeed ZeRO's): only that rank reads them."""
+    return f"{OPTIMIZER_STATE_PREFIX}-rank-{rank:05d}-of-{world:05d}"
+
+
+_SHARD = re.compile(rf"{OPTIMIZER_STATE_PREFIX}-rank-(\d+)-of-\d+\.")
+
+
+def optimizer_shard_rank(name: str) -> int | None:
+    """The rank whose optimizer shard the file `name` holds (optimizer_shard_name); None: not a shard."""
+    found = _SHARD.match(name)
+    return int(found.group(1)) if found else None
 
 
 def stages_for_update(update: int, *, num_updates: int, eval_every: int) -> list[Stage]:

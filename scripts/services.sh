@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The services the test suite needs, all of them real: a single-node SLURM 22.05 cluster with accounting
-# (infra/slurm), two S3 endpoints (moto, infra/s3; Ceph's RADOS Gateway, infra/s3/ceph) and a Prefect
+# The services the test suite needs, all of them real: a two-node SLURM 22.05 cluster with accounting
+# (infra/slurm; node 1 alone in its partitions low, high and short, both nodes in wide), two S3 endpoints (moto, infra/s3; Ceph's RADOS Gateway, infra/s3/ceph) and a Prefect
 # server (infra/prefect). `start` installs what is missing (idempotent) and writes the environment a shell
 # needs to .services.env; `stop` stops every one of them and leaves no process. `start --fresh` (the test
 # command's) first stops whatever runs (perhaps started from another checkout, or left by a killed session)
@@ -17,6 +17,9 @@ case "${1:-}" in
     bash infra/s3/ceph/install.sh >&2
     bash infra/browser/install.sh  # not a service: the UI tests' browser
     bash infra/prefect/install.sh  # PostgreSQL, the Prefect server's database
+    # Two slurmd: the multi-node tests need a second node, the others use node 1's partitions as they would
+    # a single-node cluster's (tests/slurm/conftest.py).
+    export PROBEPO_SLURM_NODES=${PROBEPO_SLURM_NODES:-2}
     : >.services.env
     chmod 600 .services.env  # it holds the Prefect API's password
     for service in slurm s3 s3/ceph prefect; do  # each starts with the environment of those before it

@@ -60,9 +60,10 @@ class Backend(Protocol):
     job_id_variable: str
     """The environment variable in which a running job of this backend finds its own id."""
 
-    def check(self) -> None:
+    def check(self, stages: Iterable[str] = ()) -> None:
         """Fail fast (SlurmUnavailable, naming what is missing and how to start it) if nothing can be
-        submitted."""
+        submitted, or (ExecutionError) if the profile asks more nodes for one of `stages` than a job of
+        this backend can span."""
         ...
 
     def submit(
@@ -147,8 +148,17 @@ class SlurmBackend:
     def __init__(self, profile: ExecutionProfile) -> None:
         self.profile = profile
 
-    def check(self) -> None:
+    def check(self, stages: Iterable[str] = ()) -> None:
         accounting.check_slurm()
+        wide = {stage: self.profile.resources(stage) for stage in stages}
+        wide = {stage: resources for stage, resources in wide.items() if resources.nodes > 1}
+        if wide:
+            from slurm import site
+
+            known = site.read_site()
+            refused = [site.too_many_nodes(known, f"stages.{s}", r) for s, r in wide.items()]
+            if any(refused):
+                raise SubmitRefused("; ".join(line for line in refused if line))
 
     def parameters(self, job_name: str, resources: StageResources) -> dict[str, object]:
         """submitit SlurmExecutor parameters for one submission (a stage's job, or an array)."""
@@ -163,7 +173,9 @@ class SlurmBackend:
             "time": resources.time_min,
             "signal_delay_s": resources.signal_grace_s,
             "setup": list(resources.setup),
-            "srun_args": ["--export=ALL", *resources.srun_args],
+            # a rank that dies (SIGKILL, its node lost, an error) takes the job's other ranks with it at
+            # once, instead of leaving them blocked in a collective until its timeout
+            "srun_args": ["--export=ALL", "--kill-on-bad-exit=1", *resources.srun_args],
             "additional_parameters": {
                 **resources.sbatch_extra,
                 "export": ",".join(exported) or "NONE",
@@ -312,8 +324,19 @@ class LocalBackend:
         self.profile = profile
         self._processes: dict[str, subprocess.Popen[bytes]] = {}  # this process's jobs: polling reaps them
 
-    def check(self) -> None:
-        """Nothing to check: the local executor needs no service."""
+    def check(self, stages: Iterable[str] = ()) -> None:
+        """The local executor needs no service; its jobs run on this one machine."""
+        if refused := self._too_many_nodes(stages):
+            raise SubmitRefused(refused)
+
+    def _too_many_nodes(self, stages: Iterable[str]) -> str | None:
+        wide = [f"stages.{s}" for s in stages if self.profile.resources(s).nodes > 1]
+        if not wide:
+            return None
+        return (
+            f"nodes > 1 in the execution profile's {', '.join(wide)}: the local executor runs every job on"
+            " this machine, one node; give nodes: 1 (the ranks in tasks_per_node), or use a SLURM executor"
+        )
 
     def _executor(self, folder: Path, **parameters: object) -> Any:
         executor = _local_executor_class()(folder=folder, python=self.profile.python)
@@ -372,7 +395,10 @@ class LocalBackend:
     def site_findings(self, stages: Iterable[str]) -> Findings:
         from slurm.site import job_folder_findings
 
-        return job_folder_findings(None, self.profile, [])
+        found = job_folder_findings(None, self.profile, [])
+        if refused := self._too_many_nodes(stages):
+            found.failures.append(refused)
+        return found
 
 
 def _process_alive(pid: int) -> bool:

@@ -95,7 +95,7 @@ def make_runner(name: str, profile: ExecutionProfile | None = None) -> StageRunn
     backend = None
     if executor.backend is not None:
         backend = executor.backend(profile)
-        backend.check()
+        backend.check(executor.stages)
     return executor.runner(backend, profile)
 
 

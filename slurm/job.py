@@ -26,7 +26,7 @@ from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execut
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
 from probepo.schedule import EVERY_RANK
 from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome
-from slurm.ranks import job_ranks
+from slurm.ranks import Ranks, job_ranks
 
 
 def _install_stop_flag() -> StopFlag:
@@ -60,14 +60,14 @@ def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     backend's); returns COMMITTED (also when an earlier run of the job committed it). A preempted stage
     requeues its SLURM job and exits with PREEMPTED_EXIT, or ends PREEMPTED locally.
 
-    In a multi-task job the stages of EVERY_RANK run on every rank, in one process group, sharing a
-    scratch folder on the node: the generating stages split their chunks over the ranks (each rank commits
-    the shards it makes), the trainer's shard DeepSpeed over them; rank 0 records the attempt and commits
-    the stage. Other stages run on rank 0 alone (the other ranks end at once)."""
+    In a multi-task job (one node or several) the stages of EVERY_RANK run on every rank, in one process
+    group, the ranks of each node sharing a scratch folder of that node: the generating stages split their
+    chunks over the ranks (each rank commits the shards it makes), the trainer's shard DeepSpeed over them;
+    rank 0 records the attempt and commits the stage, each node's leader uploading its node's files. Other
+    stages run on rank 0 alone (the other ranks end at once)."""
     flag = _install_stop_flag()
     job_id = os.environ.get(job_id_variable)
-    ranks = job_ranks()
-    ranks.export()
+    ranks = _ranks_of_this_job()
     if ranks.world_size > 1 and request.stage in EVERY_RANK:
         return _run_distributed(request, flag, ranks.rank, job_id)
     if ranks.rank != 0:
@@ -94,16 +94,13 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: s
 
     store = open_store(request.store_url)
     distributed.join()
-    # the ranks share the job's one node (a profile refuses nodes > 1) and its scratch, from where each
-    # rank's optimizer shard is committed
-    scratch = Path(tempfile.gettempdir()) / f"probepo-{request.run_id}-job{job_id}"
+    scratch = _node_scratch(request, job_id)
     cancellations = len(store.cancellations(request.run_id))
     preempted = None
     try:
         if not distributed.any_rank(
             rank == 0 and store.committed(request.run_id, request.update, request.stage)
         ):
-            scratch.mkdir(parents=True, exist_ok=True)
             ctx = request.context(store, scratch, distributed.agreed(flag))
             if rank == 0:
                 execute_stage(ctx, request.stage, job_id)  # records a lost race as such
@@ -114,12 +111,10 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: s
     except Preempted as exc:  # every rank stops at the same safe point
         preempted = exc
     except BaseException:
-        if rank == 0:
-            shutil.rmtree(scratch, ignore_errors=True)
+        _remove_node_scratch(scratch)
         raise  # no barrier: the other ranks fail at their next collective
     distributed.barrier()
-    if rank == 0:
-        shutil.rmtree(scratch, ignore_errors=True)
+    _remove_node_scratch(scratch)
     distributed.leave()
     if preempted is None:
         return JobOutcome.COMMITTED
@@ -137,8 +132,7 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     shards the trainer over the job's ranks."""
     flag = _install_stop_flag()  # submitit's handlers off until the driver installs its own
     job_id = os.environ.get(job_id_variable)
-    ranks = job_ranks()
-    ranks.export()
+    ranks = _ranks_of_this_job()
     from probepo import distributed
     from probepo.pipeline import train
     from probepo.store import open_store
@@ -147,11 +141,15 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     lockstep = ranks.world_size > 1
     if lockstep:
         distributed.join()
+        scratch = _node_scratch(request, job_id)
         if ranks.rank != 0:
-            follow_stages(request, flag)
+            try:
+                follow_stages(request, flag, scratch)
+            finally:
+                _remove_node_scratch(scratch)
             distributed.leave()
             return JobOutcome.COMMITTED
-    runner = LockstepRunner(job_id) if lockstep else InlineRunner(job_id)
+    runner = LockstepRunner(scratch, job_id) if lockstep else InlineRunner(job_id)
     store = open_store(request.store_url)
     cancellations = len(store.cancellations(request.run_id))
     say = lambda line: print(line, flush=True)  # noqa: E731
@@ -170,14 +168,52 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
             retention=request.retention,
         )
     except Preempted as exc:
-        if isinstance(runner, LockstepRunner):
-            runner.finish()
-            distributed.leave()
+        _finish_lockstep(runner)
         return _preempted(store, request, cancellations, exc, job_id)
-    if isinstance(runner, LockstepRunner):
-        runner.finish()
-        distributed.leave()
+    except BaseException:
+        if isinstance(runner, LockstepRunner):
+            _remove_node_scratch(runner.scratch)  # a checkpoint's worth of files on the node's disk
+        raise  # the other ranks fail at their next collective
+    _finish_lockstep(runner)
     return JobOutcome.COMMITTED
+
+
+def _finish_lockstep(runner: InlineRunner) -> None:
+    """Rank 0 of a multi-task driver job, done: release the other ranks, leave the group."""
+    if isinstance(runner, LockstepRunner):
+        from probepo import distributed
+
+        runner.finish()
+        _remove_node_scratch(runner.scratch)
+        distributed.leave()
+
+
+def _ranks_of_this_job() -> Ranks:
+    """This task's ranks, exported for torch.distributed and DeepSpeed, and said in the task's log."""
+    ranks = job_ranks()
+    ranks.export()
+    if ranks.world_size > 1:
+        print(f"probepo: {ranks.describe()}", flush=True)
+    return ranks
+
+
+def _node_scratch(request: StageRequest, job_id: str | None) -> Path:
+    """The scratch folder of this job on this node (the nodes of a job share no file system here: each
+    node's ranks download and save into their own), said in the task's log."""
+    from probepo import distributed
+
+    scratch = distributed.node_scratch(f"probepo-{request.run_id}-job{job_id}")
+    where = f"rank {distributed.rank()}: scratch {scratch} of node {distributed.node_name()}"
+    print(f"probepo: {where}", flush=True)
+    return scratch
+
+
+def _remove_node_scratch(scratch: Path) -> None:
+    """Rank 0 of each node removes its node's scratch once the node's ranks are done with it."""
+    from probepo import distributed
+
+    if distributed.is_node_leader():
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _preempted(

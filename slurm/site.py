@@ -172,10 +172,8 @@ def stage_findings(site: Site, where: str, resources: StageResources) -> Finding
             f"{asked} GPUs per node asked, but partition {name}'s nodes have at most {node_gpus}: lower"
             f" gpus_per_node (or gpus_per_task × tasks_per_node) in {fix}"
         )
-    if resources.nodes > len(partition.nodes):
-        found.failures.append(
-            f"nodes = {resources.nodes}, but partition {name} has {len(partition.nodes)}: lower {fix}"
-        )
+    if too_many := too_many_nodes(site, where, resources):
+        found.failures.append(too_many)
     found.extend(_association_findings(site, resources, fix))
     if not found.failures:
         found.passed.append(
@@ -184,6 +182,20 @@ def stage_findings(site: Site, where: str, resources: StageResources) -> Finding
             f" {node_gpus} GPUs a node), {resources.time_min} min, {asked} GPUs a node"
         )
     return found
+
+
+def too_many_nodes(site: Site, where: str, resources: StageResources) -> str | None:
+    """Why the partition cannot run a job of `resources.nodes` nodes (set in the profile's `where`), or
+    None when it can (a partition that does not exist is stage_findings' to say)."""
+    name = resources.partition or site.default_partition
+    partition = site.partitions.get(name or "")
+    if partition is None or resources.nodes <= len(partition.nodes):
+        return None
+    return (
+        f"nodes = {resources.nodes} in the execution profile's {where}, but partition {name} has"
+        f" {len(partition.nodes)} node(s) ({', '.join(partition.nodes)}): lower nodes, or give a partition"
+        " with that many"
+    )
 
 
 def _association_findings(site: Site, resources: StageResources, fix: str) -> Findings:

@@ -34,6 +34,7 @@ SHARED_SERVICES = (
     "tests/flows/",
     "tests/deepspeed/test_engine.py",
     "tests/deepspeed/test_resident.py",
+    "tests/deepspeed/test_two_nodes.py",
 )
 """The tests that drive the one SLURM cluster and Prefect server: some take the node down, stop jobs or
 preempt, so they run in one worker, one after another."""

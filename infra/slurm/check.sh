@@ -44,8 +44,9 @@ wait_done() {
     sleep 0.5
   done
 }
-# The node is listed once per partition: one line is enough.
-node_state() { sinfo -h -N -n "$NODE" -o %T | head -1; }
+# scontrol, not sinfo: right after an update sinfo may still print the node's state from a cached table
+# (seen: "mixed" just after state=down, once a second node and partition were in the cluster).
+node_state() { scontrol -o show node "$NODE" | sed -n 's/.* State=\([^ ]*\).*/\1/p' | tr '[:upper:]' '[:lower:]'; }
 state_of() { sacct -n -X -P -j "$1" -o State | head -1; }
 
 begin "--gpus-per-node=8 sets CUDA_VISIBLE_DEVICES=0..7"
@@ -151,6 +152,16 @@ runs=$(sacct -D -X -n -P -j "$drill" -o State | tr '\n' ' ')
 [[ $runs == "NODE_FAIL COMPLETED " ]] || fail "sacct -D runs: $runs"
 [[ $(node_state) == idle ]] || fail "node not idle: $(node_state)"
 pass "sacct -D: $runs; node $(node_state)"
+
+if ((NODE_COUNT > 1)); then
+  begin "a job of every node (partition wide) runs a task on each, with its own SLURMD_NODENAME"
+  seen=$(timeout 60 srun -p wide -N "$NODE_COUNT" --ntasks-per-node=1 --gpus-per-node=1 \
+    bash -c 'echo "$SLURMD_NODENAME $SLURM_JOB_NODELIST $CUDA_VISIBLE_DEVICES"' | sort | tr '\n' ' ') || fail "srun -N $NODE_COUNT failed"
+  for name in "${NODE_NAMES[@]}"; do
+    [[ $seen == *"$name "* ]] || fail "no task on $name: $seen"
+  done
+  pass "$seen"
+fi
 
 rm -rf "$WORK"
 echo "all checks passed in $((SECONDS - T0)) s"

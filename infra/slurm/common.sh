@@ -12,12 +12,27 @@ STATE=$(realpath -m "$STATE")
 
 CLUSTER=probepo
 NODE=${PROBEPO_SLURM_NODE:-probepo-node1}
+# How many nodes (slurmd daemons on this machine, each with its own name, port, spool folder and 8 fake
+# GPUs): PROBEPO_SLURM_NODES at start (default 1); later calls (stop, check) read what start saved.
+NODES_FILE=$STATE/nodes
+NODE_COUNT=${PROBEPO_SLURM_NODES:-$(cat "$NODES_FILE" 2>/dev/null || echo 1)}
+if ! [[ $NODE_COUNT =~ ^[1-4]$ ]]; then
+  echo "probepo-slurm: PROBEPO_SLURM_NODES must be 1 to 4, not '$NODE_COUNT'" >&2
+  exit 2
+fi
+# probepo-node1 -> probepo-node2, ...; a name not ending in 1 gets -2, -3, ...
+NODE_NAMES=("$NODE")
+for ((i = 2; i <= NODE_COUNT; i++)); do
+  if [[ $NODE == *1 ]]; then NODE_NAMES+=("${NODE%1}$i"); else NODE_NAMES+=("$NODE-$i"); fi
+done
 # Non-default ports so that a system SLURM/MariaDB on the same machine does not collide with ours.
 PORT_BASE=${PROBEPO_SLURM_PORT_BASE:-16817}
 CTLD_PORT=$PORT_BASE
 SLURMD_PORT=$((PORT_BASE + 1))
 DBD_PORT=$((PORT_BASE + 2))
 MYSQL_PORT=$((PORT_BASE + 3))
+# Node i > 1 listens on PORT_BASE + 3 + i (16821, ...): the first node takes SlurmdPort.
+node_port() { if (($1 == 1)); then echo "$SLURMD_PORT"; else echo $((PORT_BASE + 3 + $1)); fi; }
 
 ETC=$STATE/etc
 RUN=$STATE/run
@@ -28,12 +43,14 @@ MYSQL_DIR=$STATE/mysql
 MYSQL_SOCKET=$STATE/run/mysqld.sock
 SLURM_CONF_FILE=$ETC/slurm.conf
 
-# Daemons in start order; stop.sh walks this list backwards.
-DAEMONS=(munged mariadbd slurmdbd slurmctld slurmd)
+# Daemons in start order; stop.sh walks this list backwards. slurmd@NAME: the slurmd of node NAME.
+SLURMDS=("${NODE_NAMES[@]/#/slurmd@}")
+DAEMONS=(munged mariadbd slurmdbd slurmctld "${SLURMDS[@]}")
 
 pidfile_of() {
   case $1 in
     munged) echo "$MUNGE_DIR/munged.pid" ;;
+    slurmd@*) echo "$RUN/slurmd-${1#slurmd@}.pid" ;; # SlurmdPidFile=.../slurmd-%n.pid
     *) echo "$RUN/$1.pid" ;;
   esac
 }
@@ -50,7 +67,7 @@ live_pid() {
   pid=$(tr -dc '0-9' <"$f")
   [[ -n $pid ]] || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [[ $comm == "$1"* ]] || return 1
+  [[ $comm == "${1%%@*}"* ]] || return 1
   live "$pid" || return 1
   echo "$pid"
 }
@@ -70,6 +87,7 @@ print_env() {
     "SLURM_CONF=$SLURM_CONF_FILE" \
     "PROBEPO_SLURM_DIR=$STATE" \
     "PROBEPO_SLURM_NODE=$NODE" \
+    "PROBEPO_SLURM_NODES=$NODE_COUNT" \
     "PROBEPO_SLURM_CLUSTER=$CLUSTER"; do
     printf 'export %s=%q\n' "${line%%=*}" "${line#*=}"
   done

@@ -98,7 +98,7 @@ stop_group() {
   fi
   for d in "$@"; do rm -f "$(pidfile_of "$d")"; done
 }
-stop_group slurmd slurmctld
+stop_group "${SLURMDS[@]}" slurmctld
 stop_group slurmdbd
 stop_group mariadbd munged
 
@@ -118,5 +118,5 @@ if [[ $wipe -eq 1 ]]; then
   fallback=0
   grep -qs 'File=/dev/probepo-fakegpu' "$ETC/gres.conf" && fallback=1
   rm -rf "$STATE"
-  [[ $fallback -eq 0 ]] || rm -f /dev/probepo-fakegpu[0-7]
+  [[ $fallback -eq 0 ]] || rm -f /dev/probepo-fakegpu*
 fi

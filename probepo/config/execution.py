@@ -14,7 +14,7 @@ from pydantic import Field, field_validator, model_validator
 
 from probepo.config.base import Strict
 from probepo.config.retention import Retention
-from probepo.schedule import Stage
+from probepo.schedule import EVERY_RANK, Stage
 
 DEFAULT_ENV_ALLOW = (
     "PATH",
@@ -81,6 +81,10 @@ SBATCH_EXTRA = frozenset(
 and that change where or how a job runs, not what probepo relies on (--signal, --requeue, --export,
 --output and the job's name are probepo's own)."""
 
+MULTI_NODE_STAGES = (Stage.DRIVER, *EVERY_RANK)
+"""The stages whose jobs may span several nodes: the resident driver and the stages that run on every rank
+of their job (generation split over the ranks, DeepSpeed over them)."""
+
 _SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL(?!S_FILE)|^AWS_ACCESS_KEY_ID$", re.IGNORECASE)
 
 
@@ -99,20 +103,10 @@ class StageResources(Strict):
     """Quality of service (sbatch --qos)."""
 
     nodes: int = Field(1, ge=1)
-    """Nodes per job (sbatch --nodes): 1, the only value taken until multi-node jobs are supported (the
-    ranks of a job share one node's scratch folder); more is refused when the profile is read, before
-    anything is submitted."""
-
-    @field_validator("nodes")
-    @classmethod
-    def _one_node(cls, nodes: int) -> int:
-        if nodes > 1:
-            raise ValueError(
-                f"{nodes} is refused: multi-node jobs are not supported yet (the ranks of a job share one"
-                " node's scratch folder); give nodes: 1, and at most one node's GPUs in tasks_per_node and"
-                " gpus_per_node"
-            )
-        return nodes
+    """Nodes per job (sbatch --nodes), each running tasks_per_node ranks: nodes x tasks_per_node ranks in
+    all, meeting at the job's first node. More than 1 only for the stages that run on every rank (the
+    driver, sample, probe, evaluate, score, optimize); the SLURM executors refuse before submitting a
+    request the partition's node count cannot meet, the local executor any nodes > 1."""
 
     tasks_per_node: int = Field(1, ge=1)
     """Ranks per node; each gets RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT as
@@ -265,6 +259,13 @@ class ExecutionProfile(Strict):
     def _every_stage_resolves(self) -> ExecutionProfile:
         for stage in self.stages:
             self.resources(stage)
+        one_rank = [s for s in Stage if s not in MULTI_NODE_STAGES and self.resources(s).nodes > 1]
+        if one_rank:
+            where = "defaults" if any(s not in self.stages for s in one_rank) else "stages"
+            raise ValueError(
+                f"nodes > 1 for {', '.join(one_rank)} (from {where}): these stages run on one rank, so every"
+                f" other node would idle; give nodes > 1 only under stages: {', '.join(MULTI_NODE_STAGES)}"
+            )
         return self
 
     def resources(self, stage: str) -> StageResources:

@@ -37,7 +37,7 @@ from probepo import distributed
 from probepo.engines.base import TrainBatch, TrainerState
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
-from probepo.schedule import OPTIMIZER_STATE_PREFIX
+from probepo.schedule import optimizer_shard_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -45,11 +45,6 @@ if TYPE_CHECKING:
     from probepo.config import AlgoConfig, OptimConfig
 
 ZERO_STAGES = (2, 3)
-
-
-def shard_name(rank: int, world: int) -> str:
-    """The stem of rank `rank`'s optimizer files (.safetensors and .json) among `world` ranks."""
-    return f"{OPTIMIZER_STATE_PREFIX}-rank-{rank:05d}-of-{world:05d}"
 
 
 class DeepSpeedTrainerEngine(HFTrainerEngine):
@@ -223,7 +218,7 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
                 self.tokenizer.save_pretrained(directory)
             (directory / TRAINER_FILE).write_text(json.dumps(self._meta(), indent=2) + "\n")
         if self.optimizer_steps:  # a fresh optimizer (checkpoint 0) has no state: any ranks may start from it
-            stem = shard_name(distributed.rank(), distributed.world_size())
+            stem = optimizer_shard_name(distributed.rank(), distributed.world_size())
             shard = {k: v.contiguous() for k, v in state.tensors.items() if k.startswith("optim.")}
             save_file(shard, directory / f"{stem}.safetensors")
             (directory / f"{stem}.json").write_text(json.dumps(state.meta["layout"]) + "\n")
@@ -236,7 +231,7 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         if not meta["optimizer_steps"]:
             return  # saved before any step: a fresh optimizer, as this one is
         self._check_layout(meta, f"checkpoint {directory}")
-        stem = shard_name(distributed.rank(), distributed.world_size())
+        stem = optimizer_shard_name(distributed.rank(), distributed.world_size())
         if not (directory / f"{stem}.safetensors").is_file():
             raise FileNotFoundError(f"checkpoint {directory} has no optimizer shard {stem}.safetensors")
         meta["layout"] = json.loads((directory / f"{stem}.json").read_text())

@@ -79,24 +79,77 @@ class StageContext:
         update: int | None = None,
     ) -> dict:
         """Commit a stage's (or a partial sub-stage's) outputs; returns the marker. The summary gets the
-        stage's wall time so far (`wall_s`). On the ranks of a distributed stage rank 0 commits (the files
-        are on the node's shared scratch) once every rank has arrived, and the others wait for it, so all
-        go on from the same store."""
+        stage's wall time so far (`wall_s`). On the ranks of a distributed stage every rank calls it, each
+        with the files as its node's scratch holds them (the trainer's ranks each save their optimizer
+        shard on their own node): each node's leader uploads the files only its node has, rank 0 the rest,
+        and rank 0 creates the marker once all are up; every rank returns it, or raises the same error."""
         update = self.update if update is None else update
         summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
         fault_point(update, stage, "before-commit", self.should_stop)
+        if distributed.world_size() == 1:
+            marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+        else:
+            marker = self._commit_from_every_node(stage, update, files, summary)
+        fault_point(update, stage, "after-commit", self.should_stop)
+        return marker
+
+    def _commit_from_every_node(
+        self, stage: str, update: int, files: Mapping[str, bytes | PathLike[str]], summary: Mapping[str, Any]
+    ) -> dict:
         # Every rank reaches this commit before rank 0 makes it: no rank can then read the store's
         # progress (committed shards, parts) in a state another rank did not see.
         distributed.barrier()
-        marker, lost = None, None
+        attempt, lost = None, None
         if distributed.rank() == 0:
             try:
-                marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+                attempt = self.store.begin_commit(self.run_id, update, stage)
             except AlreadyCommitted as exc:
                 lost = exc
-        if distributed.any_rank(lost is not None):  # every rank stops at a lost race
+        self._stop_at_a_lost_race(lost, stage, update)
+        attempt = distributed.broadcast_json(attempt)
+        owners = _file_owners(files)
+        mine = {name: files[name] for name, owner in owners.items() if owner == distributed.rank()}
+        uploaded: dict[str, dict] = {}
+        for part in distributed.all_gather_json(
+            self.store.upload_attempt_files(self.run_id, update, stage, attempt, mine)
+        ):
+            uploaded.update(part)
+        marker = None
+        if distributed.rank() == 0:
+            try:
+                marker = self.store.finish_commit(
+                    self.run_id, update, stage, attempt, uploaded, summary=summary
+                )
+            except AlreadyCommitted as exc:
+                lost = exc
+        self._stop_at_a_lost_race(lost, stage, update)
+        return marker or self.store.marker(self.run_id, update, stage) or {}
+
+    def _stop_at_a_lost_race(self, lost: AlreadyCommitted | None, stage: str, update: int) -> None:
+        """Every rank raises AlreadyCommitted where rank 0 found another attempt's marker (collective)."""
+        if distributed.any_rank(lost is not None):
             winner = self.store.marker(self.run_id, update, stage)
             raise lost or AlreadyCommitted(self.run_id, update, stage, winner)
-        marker = marker or self.store.marker(self.run_id, update, stage) or {}
-        fault_point(update, stage, "after-commit", self.should_stop)
-        return marker
+
+
+def _file_owners(files: Mapping[str, bytes | PathLike[str]]) -> dict[str, int]:
+    """Which rank uploads each file of a distributed commit (collective): rank 0 all it holds (its bytes,
+    its node's files), each other node's leader what its node alone holds. Raises FileNotFoundError on
+    every rank, naming them, where a file some rank names is on no node."""
+
+    def held(value: bytes | PathLike[str]) -> bool:
+        if isinstance(value, bytes | bytearray | memoryview):
+            return distributed.rank() == 0
+        return distributed.is_node_leader() and Path(value).is_file()
+
+    offered = [name for name, value in files.items() if held(value)]
+    named: set[str] = set()
+    owners: dict[str, int] = {}
+    for rank, (names, holds) in enumerate(distributed.all_gather_json([sorted(files), offered])):
+        named.update(names)
+        for name in holds:
+            owners.setdefault(name, rank)
+    missing = sorted(named - set(owners))
+    if missing:
+        raise FileNotFoundError(f"no node of the job holds {', '.join(missing)} to commit")
+    return owners

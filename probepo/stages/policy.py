@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
-from probepo.schedule import Stage, is_optimizer_state
+from probepo.schedule import Stage, is_optimizer_state, optimizer_shard_rank
 from probepo.stages.batch import training_batch
 from probepo.stages.context import StageContext
 from probepo.store.retention import holds
@@ -74,17 +75,35 @@ def fetch_policy(ctx: StageContext, stage: str = Stage.CHECKPOINT, *, optimizer_
     """Download the policy committed as `stage` of this update (by default checkpoint k, i.e. policy k, in
     full) into scratch; returns its folder. Without `optimizer_state` only what generation reads (weights,
     config, tokenizer): at 7B the optimizer state is most of a checkpoint's bytes. A file already there is
-    not fetched again (each appears only once verified). The ranks of a distributed stage share the scratch
-    of their node: rank 0 downloads, the others wait."""
+    not fetched again (each appears only once verified). On the ranks of a distributed stage each node's
+    leader downloads into its node's scratch what the node's ranks read (of the optimizer shards, only
+    theirs), the node's other ranks wait (collective)."""
     update = ctx.update
     folder = ctx.scratch / f"policy-{update:06d}-{stage}"
-    if distributed.rank() == 0:
+    ranks_here = distributed.node_ranks()
+    if distributed.is_node_leader():
         folder.mkdir(parents=True, exist_ok=True)
-        for name in ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]:
-            if (optimizer_state or not is_optimizer_state(name)) and not (folder / name).exists():
+        names = ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]
+        for name in files_for_node(names, ranks_here, optimizer_state=optimizer_state):
+            if not (folder / name).exists():
                 ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
     distributed.barrier()
     return folder
+
+
+def files_for_node(names: Iterable[str], ranks: Iterable[int], *, optimizer_state: bool) -> list[str]:
+    """The files of a checkpoint that a node whose ranks are `ranks` reads: all but the optimizer state,
+    and with `optimizer_state` the optimizer files its ranks load (a sharded optimizer's shards of those
+    ranks alone, each rank loading only its own)."""
+    ranks = set(ranks)
+
+    def wanted(name: str) -> bool:
+        if not is_optimizer_state(name):
+            return True
+        shard = optimizer_shard_rank(name)
+        return optimizer_state and (shard is None or shard in ranks)
+
+    return [name for name in names if wanted(name)]
 
 
 def latest_full_checkpoint(ctx: StageContext) -> int:

@@ -104,9 +104,10 @@ def _commit_shard(
     }
     summary = {
         "prefixes": len(chunk),
-        # who made it: the rank, its process, and the GPU it was given (as the scheduler names it, and its
-        # index among the GPUs the rank sees, which its engines were built on)
+        # who made it: the rank, its node and process, and the GPU it was given (as the scheduler names it,
+        # and its index among the GPUs the rank sees, which its engines were built on)
         "rank": distributed.rank(),
+        "node": distributed.node_name(),
         "pid": os.getpid(),
         "gpu": assigned_gpu(),
         "gpu_index": gpu_index(),

@@ -34,6 +34,9 @@ class AttemptOutcome(StrEnum):
     """Stopped at a safe point, its progress committed."""
     FAILED = "failed"
     """The stage's own error: the job is not submitted again."""
+    RANK_LOST = "rank-lost"
+    """Another rank of its job died (a node lost, a process killed) and a collective failed with it: like
+    an attempt killed outright, the job is submitted again."""
 
     @classmethod
     def of(cls, record: Mapping[str, Any]) -> AttemptOutcome | None:

@@ -199,16 +199,32 @@ class ArtifactStore(RunRecords, Maintenance):
         in the marker; `attempt_record` optionally links the id returned by `record_attempt`. Raises
         AlreadyCommitted if another attempt's marker exists or wins the race.
         """
-        layout = RunLayout(run_id)
-        marker_key = layout.marker(update, stage)
-        names = [keys.file_name(name) for name in files]
-        summary_dict = from_json_bytes(to_json_bytes(dict(summary or {})))  # fail before uploading anything
-        if self.objects.exists(marker_key):
+        for name in files:
+            keys.file_name(name)
+        from_json_bytes(to_json_bytes(dict(summary or {})))  # fail before uploading anything
+        attempt = self.begin_commit(run_id, update, stage)
+        digests = self.upload_attempt_files(run_id, update, stage, attempt, files)
+        return self.finish_commit(
+            run_id, update, stage, attempt, digests, summary=summary, attempt_record=attempt_record
+        )
+
+    def begin_commit(self, run_id: str, update: int, stage: str) -> str:
+        """A fresh attempt id for a commit of the stage, whose files then go up with upload_attempt_files
+        (from any number of processes: the ranks of several nodes each upload their own) and whose marker
+        finish_commit creates. Raises AlreadyCommitted if the stage is committed already."""
+        if self.objects.exists(RunLayout(run_id).marker(update, stage)):
             raise AlreadyCommitted(run_id, update, stage, self.marker(run_id, update, stage))
-        attempt = new_attempt_id()
+        return new_attempt_id()
+
+    def upload_attempt_files(
+        self, run_id: str, update: int, stage: str, attempt: str, files: Mapping[str, bytes | PathLike[str]]
+    ) -> dict[str, dict[str, Any]]:
+        """Upload `files` (bytes, or paths streamed and hashed while uploading) into the attempt's folder,
+        in parallel; returns each file's `{"size", "sha256"}` as the marker records it."""
+        layout = RunLayout(run_id)
 
         def upload(name: str) -> tuple[str, Digest]:
-            key = layout.data_key(update, stage, attempt, name)
+            key = layout.data_key(update, stage, attempt, keys.file_name(name))
             value = files[name]
             if isinstance(value, bytes | bytearray | memoryview):
                 data = bytes(value)
@@ -216,11 +232,29 @@ class ArtifactStore(RunRecords, Maintenance):
                 return name, Digest.of(data)
             return name, self.objects.put_file(key, Path(value))
 
+        names = list(files)
         if len(names) > 1:
             with ThreadPoolExecutor(min(UPLOAD_WORKERS, len(names))) as pool:
                 digests = dict(pool.map(upload, names))
         else:
             digests = dict(map(upload, names))
+        return {name: {"size": d.size, "sha256": d.sha256} for name, d in digests.items()}
+
+    def finish_commit(
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        attempt: str,
+        files: Mapping[str, Mapping[str, Any]],
+        *,
+        summary: Mapping[str, Any] | None = None,
+        attempt_record: str | None = None,
+    ) -> dict[str, Any]:
+        """Create the marker of an attempt whose `files` (name: size and sha256, from upload_attempt_files)
+        are uploaded; returns it. Raises AlreadyCommitted (the attempt's files discarded) if another
+        attempt's marker won the race."""
+        layout = RunLayout(run_id)
         marker: dict[str, Any] = {
             "format": MARKER_FORMAT,
             "run_id": run_id,
@@ -228,13 +262,13 @@ class ArtifactStore(RunRecords, Maintenance):
             "stage": stage,
             "attempt": attempt,
             "attempt_record": attempt_record,
-            "files": {name: {"size": d.size, "sha256": d.sha256} for name, d in sorted(digests.items())},
-            "summary": summary_dict,
+            "files": {name: dict(files[name]) for name in sorted(files)},
+            "summary": from_json_bytes(to_json_bytes(dict(summary or {}))),
             "committed_at": utc_now(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
         }
-        if self.objects.put_if_absent(marker_key, to_json_bytes(marker)) is None:
+        if self.objects.put_if_absent(layout.marker(update, stage), to_json_bytes(marker)) is None:
             winner = self.marker(run_id, update, stage)
             self._discard_attempt(layout.attempt_dir(update, stage, attempt))
             raise AlreadyCommitted(run_id, update, stage, winner)

@@ -124,8 +124,7 @@ def replay_optimize_on_ranks(
 
     from probepo import distributed
     from probepo.config import RunConfig
-    from probepo.engines.deepspeed_engine import shard_name
-    from probepo.schedule import Stage
+    from probepo.schedule import Stage, optimizer_shard_name
     from probepo.stages.batch import training_batch
     from probepo.stages.context import StageContext
     from probepo.stages.policy import at_update, fetch_policy, restore_trainer
@@ -137,7 +136,8 @@ def replay_optimize_on_ranks(
     engine = restore_trainer(ctx)
     engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
     committed = fetch_policy(at_update(ctx, update + 1))
-    shard = load_file(committed / f"{shard_name(distributed.rank(), distributed.world_size())}.safetensors")
+    stem = optimizer_shard_name(distributed.rank(), distributed.world_size())
+    shard = load_file(committed / f"{stem}.safetensors")
     mine = {k: v for k, v in engine.state().tensors.items() if k.startswith("optim.")}
     weights, saved = engine.weights(), load_file(committed / "model.safetensors")
     same = shard.keys() == mine.keys() and all(torch.equal(shard[k], mine[k]) for k in shard)

@@ -70,3 +70,7 @@ def test_the_study_recipes_hold_the_study_values_and_mark_ours(name, updates):
         assert "# choice" in lines["max_tokens"]
     profile = load_profile(CONFIGS / "profiles" / "h200-node.yaml")
     assert "configs/profiles/h200-node.yaml" in text and profile.resources("sample").gpus_per_node == 8
+    two = load_profile(CONFIGS / "profiles" / "h200-two-nodes.yaml")
+    trainer = [two.resources(stage) for stage in ("score", "optimize", "driver")]
+    assert {(r.nodes, r.tasks_per_node) for r in trainer} == {(2, 8)}  # one world size: shards resume
+    assert (two.resources("select").nodes, two.resources("eval_task").nodes) == (1, 1)

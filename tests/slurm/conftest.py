@@ -1,6 +1,7 @@
-"""The real single-node SLURM cluster of infra/slurm/ (munge, MariaDB, slurmdbd, slurmctld, slurmd):
-`.ci/run` starts it before the suite and stops it after; run alone, the session starts it here when this
-machine can (root, packages installed) and stops it at the end."""
+"""The real SLURM cluster of infra/slurm/ (munge, MariaDB, slurmdbd, slurmctld, two slurmd): `.ci/run`
+starts it before the suite and stops it after; run alone, the session starts it here when this machine can
+(root, packages installed) and stops it at the end. Node 1 alone is in the partitions most tests use (low,
+high, short), as on a single-node cluster; the two-node tests use `wide`, both nodes."""
 
 from __future__ import annotations
 
@@ -38,8 +39,13 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
                 "no SLURM cluster: as root, `bash infra/slurm/install.sh` then"
                 ' `eval "$(bash infra/slurm/start.sh)"` (or run .ci/run, which does it)'
             )
+        nodes = {"PROBEPO_SLURM_NODES": os.environ.get("PROBEPO_SLURM_NODES", "2")}
         started = subprocess.run(
-            ["bash", str(INFRA / "start.sh")], capture_output=True, text=True, timeout=300
+            ["bash", str(INFRA / "start.sh")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, **nodes},
         )
         assert started.returncode == 0, started.stderr
         os.environ.update(_exports(started.stdout))

@@ -103,6 +103,15 @@ class Drill:
             assert time.monotonic() < deadline, f"job {job_id} still running"
             time.sleep(0.2)
 
+    def node_down_under(self, job_id: str, node: str) -> None:
+        """Set `node` DOWN under the running job until SLURM has taken the job off it (to requeue it), then
+        back up."""
+        slurm("scontrol", "update", f"nodename={node}", "state=down", "reason=probepo-drill")
+        try:
+            self.wait_until_not_running(job_id)
+        finally:
+            slurm("scontrol", "update", f"nodename={node}", "state=resume")
+
     def finish(self) -> None:
         """The last driver ends the run successfully."""
         code = self.processes[-1].wait(timeout=TIMEOUT_S * 2)

@@ -93,12 +93,7 @@ def test_a_job_whose_node_goes_down_is_requeued_by_slurm(drill, drill_baseline):
     drill.pause = (OPTIMIZE_PART,)
     drill.train()
     drill.paused_at(OPTIMIZE_PART)
-    job = drill.job_id(0, "optimize")
-    slurm("scontrol", "update", f"nodename={node()}", "state=down", "reason=probepo-drill")
-    try:
-        drill.wait_until_not_running(job)
-    finally:
-        slurm("scontrol", "update", f"nodename={node()}", "state=resume")
+    drill.node_down_under(drill.job_id(0, "optimize"), node())
     drill.finish()
     drill.check(drill_baseline)
     assert drill.submissions(0, "optimize") == 1
@@ -120,12 +115,7 @@ def test_every_case_in_one_run(drill, drill_baseline):
     slurm("scontrol", "requeue", drill.job_id(0, "score"))
     os.kill(drill.paused_at(points["kill-job"]), signal.SIGKILL)
     drill.paused_at(points["node-down"])
-    job = drill.job_id(0, "advantage")
-    slurm("scontrol", "update", f"nodename={node()}", "state=down", "reason=probepo-drill")
-    try:
-        drill.wait_until_not_running(job)
-    finally:
-        slurm("scontrol", "update", f"nodename={node()}", "state=resume")
+    drill.node_down_under(drill.job_id(0, "advantage"), node())
     drill.paused_at(points["kill-driver"])
     drill.kill_driver()
     drill.resume()

@@ -66,7 +66,7 @@ class FakeBackend:
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
 
-    def check(self) -> None:
+    def check(self, stages: Iterable[str] = ()) -> None:
         """Nothing to check."""
 
     def submit(

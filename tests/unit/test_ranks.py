@@ -20,7 +20,13 @@ def _ephemeral_start() -> int:
 @pytest.mark.parametrize("job_id", ["1", "14206", "32767", "987654321", "5550123_7", "19999"])
 def test_the_rendezvous_port_is_below_the_ephemeral_range_and_stable_per_job(job_id, monkeypatch):
     view = SimpleNamespace(
-        job_id=job_id, global_rank=1, local_rank=1, num_tasks=2, num_nodes=1, hostnames=["localhost"]
+        job_id=job_id,
+        global_rank=1,
+        local_rank=1,
+        num_tasks=2,
+        num_nodes=1,
+        hostnames=["localhost"],
+        hostname="localhost",
     )
     monkeypatch.setattr(submitit, "JobEnvironment", lambda: view)
     first, again = job_ranks(), job_ranks()

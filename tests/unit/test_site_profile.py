@@ -63,7 +63,7 @@ def test_the_slurm_submission_carries_the_sites_options():
     image = "--container-image=/shared/p.sqsh"
     resources = StageResources(srun_args=(image,), sbatch_extra={"exclusive": True})
     parameters = SlurmBackend(ExecutionProfile()).parameters("job", resources)
-    assert parameters["srun_args"] == ["--export=ALL", image]
+    assert parameters["srun_args"] == ["--export=ALL", "--kill-on-bad-exit=1", image]
     assert parameters["additional_parameters"]["exclusive"] is True
 
 
