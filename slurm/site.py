@@ -177,9 +177,10 @@ def stage_findings(site: Site, where: str, resources: StageResources) -> Finding
     found.extend(_association_findings(site, resources, fix))
     if not found.failures:
         found.passed.append(
-            f"slurm: {where}: partition {name} (MaxTime"
+            f"slurm: {where}: partition {name} ({len(partition.nodes)} node(s), MaxTime"
             f" {'unlimited' if partition.max_time_min is None else f'{partition.max_time_min:g} min'},"
-            f" {node_gpus} GPUs a node), {resources.time_min} min, {asked} GPUs a node"
+            f" {node_gpus} GPUs a node), {resources.time_min} min, {resources.nodes} node(s) x"
+            f" {resources.tasks_per_node} rank(s), {asked} GPUs a node"
         )
     return found
 
@@ -192,9 +193,9 @@ def too_many_nodes(site: Site, where: str, resources: StageResources) -> str | N
     if partition is None or resources.nodes <= len(partition.nodes):
         return None
     return (
-        f"nodes = {resources.nodes} in the execution profile's {where}, but partition {name} has"
-        f" {len(partition.nodes)} node(s) ({', '.join(partition.nodes)}): lower nodes, or give a partition"
-        " with that many"
+        f"nodes = {resources.nodes}, but partition {name} has {len(partition.nodes)} node(s)"
+        f" ({', '.join(partition.nodes)}): lower nodes, or give a partition of {resources.nodes}, in the"
+        f" execution profile's {where}"
     )
 
 

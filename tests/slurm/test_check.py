@@ -48,6 +48,11 @@ SITE_PROBLEMS = [
         {"stages": {"optimize": {"gpus_per_node": 9}}},
         "9 GPUs per node asked, but partition low's nodes have at most 8",
     ),
+    (
+        "two nodes of a one-node partition",
+        {"stages": {"optimize": {"nodes": 2, "tasks_per_node": 2}}},
+        "nodes = 2, but partition low has 1 node(s) (probepo-node1)",
+    ),
 ]
 
 
@@ -59,6 +64,20 @@ def test_a_site_problem_is_one_line_naming_the_fix(slurm_cluster, tmp_path, prob
     assert found.failures[0].startswith(line)
     assert "\n" not in found.failures[0]
     assert found.failures[0].endswith(f" the execution profile's {where}")
+
+
+def test_a_two_node_trainer_in_the_partition_of_both_nodes_passes(slurm_cluster, tmp_path):
+    if "wide" not in site.read_site().partitions:
+        pytest.skip("the SLURM test cluster has one node: start it with PROBEPO_SLURM_NODES=2 (.ci/run does)")
+    two = {"partition": "wide", "nodes": 2, "tasks_per_node": 2}
+    profile = _profile(tmp_path, stages={"score": two, "optimize": two})
+    found = check_launch(_recipe(tmp_path), "slurm", profile).findings
+    assert found.failures == []
+    assert (
+        "slurm: stages.score, stages.optimize: partition wide (2 node(s), MaxTime unlimited, 8 GPUs a node),"
+        in ("\n".join(found.passed))
+    )
+    assert any(line.endswith("60 min, 2 node(s) x 2 rank(s), 0 GPUs a node") for line in found.passed)
 
 
 def test_a_job_folder_no_other_node_sees_is_refused(slurm_cluster, tmp_path, monkeypatch):

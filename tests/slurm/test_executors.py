@@ -141,8 +141,10 @@ def test_a_profile_field_that_does_not_exist_is_named(tmp_path):
 
 
 REFUSALS = {
-    "slurm": "nodes = 2 in the execution profile's stages.optimize, but partition low has 1 node(s)",
-    "resident": "nodes = 2 in the execution profile's stages.driver, but partition low has 1 node(s)",
+    "slurm": "nodes = 2, but partition low has 1 node(s) (probepo-node1): lower nodes, or give a partition"
+    " of 2, in the execution profile's stages.optimize",
+    "resident": "nodes = 2, but partition low has 1 node(s) (probepo-node1): lower nodes, or give a"
+    " partition of 2, in the execution profile's stages.driver",
     "local": "nodes > 1 in the execution profile's stages.optimize: the local executor runs every job on",
 }
 
