@@ -150,15 +150,14 @@ class SlurmBackend:
 
     def check(self, stages: Iterable[str] = ()) -> None:
         accounting.check_slurm()
-        wide = {stage: self.profile.resources(stage) for stage in stages}
-        wide = {stage: resources for stage, resources in wide.items() if resources.nodes > 1}
-        if wide:
+        wide = [(stage, r) for stage in stages if (r := self.profile.resources(stage)).nodes > 1]
+        if wide:  # the site is read only where a stage spans several nodes
             from slurm import site
 
             known = site.read_site()
-            refused = [site.too_many_nodes(known, f"stages.{s}", r) for s, r in wide.items()]
-            if any(refused):
-                raise SubmitRefused("; ".join(line for line in refused if line))
+            refused = [line for s, r in wide if (line := site.too_many_nodes(known, f"stages.{s}", r))]
+            if refused:
+                raise SubmitRefused("; ".join(refused))
 
     def parameters(self, job_name: str, resources: StageResources) -> dict[str, object]:
         """submitit SlurmExecutor parameters for one submission (a stage's job, or an array)."""

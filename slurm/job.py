@@ -22,6 +22,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from probepo import distributed
 from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
 from probepo.schedule import EVERY_RANK
@@ -88,7 +89,6 @@ def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
 
 def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: str | None) -> JobOutcome:
     """A stage of EVERY_RANK on every rank of this job (see run_stage_job)."""
-    from probepo import distributed
     from probepo.stages.runners import STAGES
     from probepo.store import open_store
 
@@ -133,7 +133,6 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     flag = _install_stop_flag()  # submitit's handlers off until the driver installs its own
     job_id = os.environ.get(job_id_variable)
     ranks = _ranks_of_this_job()
-    from probepo import distributed
     from probepo.pipeline import train
     from probepo.store import open_store
     from slurm.holders import holder_ended
@@ -181,8 +180,6 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
 def _finish_lockstep(runner: InlineRunner) -> None:
     """Rank 0 of a multi-task driver job, done: release the other ranks, leave the group."""
     if isinstance(runner, LockstepRunner):
-        from probepo import distributed
-
         runner.finish()
         _remove_node_scratch(runner.scratch)
         distributed.leave()
@@ -200,8 +197,6 @@ def _ranks_of_this_job() -> Ranks:
 def _node_scratch(request: StageRequest, job_id: str | None) -> Path:
     """The scratch folder of this job on this node (the nodes of a job share no file system here: each
     node's ranks download and save into their own), said in the task's log."""
-    from probepo import distributed
-
     scratch = distributed.node_scratch(f"probepo-{request.run_id}-job{job_id}")
     where = f"rank {distributed.rank()}: scratch {scratch} of node {distributed.node_name()}"
     print(f"probepo: {where}", flush=True)
@@ -210,8 +205,6 @@ def _node_scratch(request: StageRequest, job_id: str | None) -> Path:
 
 def _remove_node_scratch(scratch: Path) -> None:
     """Rank 0 of each node removes its node's scratch once the node's ranks are done with it."""
-    from probepo import distributed
-
     if distributed.is_node_leader():
         shutil.rmtree(scratch, ignore_errors=True)
 

@@ -58,19 +58,9 @@ pidfile_of() {
 # shellcheck source=../process.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../process.sh"
 
-# Prints the pid of daemon $1 if its pid file names a live process of that program.
-# Checking /proc/PID/comm guards against a stale pid file whose pid was reused.
-live_pid() {
-  local f pid comm
-  f=$(pidfile_of "$1")
-  [[ -r $f ]] || return 1
-  pid=$(tr -dc '0-9' <"$f")
-  [[ -n $pid ]] || return 1
-  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [[ $comm == "${1%%@*}"* ]] || return 1
-  live "$pid" || return 1
-  echo "$pid"
-}
+# Prints the pid of daemon $1 (slurmd@NODE: that node's slurmd) if its pid file names a live process of
+# that program.
+live_pid() { pid_of "$(pidfile_of "$1")" "${1%%@*}"; }
 
 _T0=${EPOCHREALTIME/./}
 # Log lines carry the seconds since the script started: start-up time is a budget in CI.

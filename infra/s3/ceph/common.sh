@@ -24,18 +24,8 @@ DAEMONS=(mon.a:ceph-mon osd.0:ceph-osd client.rgw:radosgw)
 # shellcheck source=../../process.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../../process.sh"
 
-# live_pid NAME:PROGRAM: prints the daemon's pid if its pid file names a live process of that program
-# (/proc/PID/comm guards against a stale pid file whose pid was reused).
-live_pid() {
-  local name=${1%%:*} program=${1#*:} pid comm
-  [[ -r $RUN/$name.pid ]] || return 1
-  pid=$(tr -dc '0-9' <"$RUN/$name.pid")
-  [[ -n $pid ]] || return 1
-  comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [[ $comm == "${program:0:15}" ]] || return 1
-  live "$pid" || return 1
-  echo "$pid"
-}
+# live_pid NAME:PROGRAM: prints the daemon's pid if its pid file names a live process of that program.
+live_pid() { pid_of "$RUN/${1%%:*}.pid" "${1#*:}"; }
 
 _T0=${EPOCHREALTIME/./}
 # Log lines carry the seconds since the script started: start-up time is a budget in CI.
