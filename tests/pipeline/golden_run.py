@@ -1,47 +1,69 @@
-"""`python -m tests.pipeline.golden_run ALGORITHM STORE`: trains the tiny recipe under ALGORITHM into a new
-local store (warm-up included) and prints the sha256 of the final checkpoint's model and optimizer files,
-one per line. tests/pipeline/test_golden.py runs it in a process of its own under PORTABLE_NUMERICS."""
+"""`python -m tests.pipeline.golden_run STORE ALGORITHM...`: trains the tiny recipe under each ALGORITHM into
+a new local store (one warm-up, which the recipes share) under portable kernels (tests/pipeline/portable.py)
+and prints, per algorithm, a line `ALGORITHM MODEL OPTIMIZER TRAJECTORY`: the sha256 of its final checkpoint's
+two files and of its trajectory (advantages and metrics).
+tests/pipeline/test_golden.py runs it in a process of its own under PORTABLE_NUMERICS."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import sys
 
 import torch
 
 from probepo.pipeline import ensure_warmup, train
-from probepo.store import open_store
+from probepo.store import ArtifactStore, open_store
 from tests.pipeline.conftest import tiny_config
+from tests.pipeline.portable import portable_kernels
 
 PORTABLE_NUMERICS = {
-    "ATEN_CPU_CAPABILITY": "avx2",
-    "MKL_CBWR": "COMPATIBLE",
+    "ATEN_CPU_CAPABILITY": "default",
+    "GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX,-AVX2,-FMA",
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
 }
-"""The CPU kernels every x86-64 machine with AVX2 runs alike: torch's own kernels at AVX2, MKL in its
-conditional-numerical-reproducibility mode, one thread (and oneDNN off: final_digests). Without them the
-same code gives other bits on an AVX-512 machine than on an AVX2 one (measured: all three libraries change
-the bits)."""
+"""The process settings under which the golden bits are the same on any x86-64 CPU: ATen's kernels at the
+`default` capability (one compiled code path, SSE2 arithmetic, on every machine), glibc's libm at its SSE2
+variants (it picks FMA ones per CPU otherwise, which round differently: measured with ATen's float64
+expm1), one thread. MKL is left at its own per-CPU choice on purpose: PortableKernels keeps every MKL
+operation off the path, and test_golden checks that MKL's setting does not move the bits."""
 
 
-def final_digests(algorithm: str, store_url: str) -> tuple[str, str]:
-    """sha256 of (model.safetensors, optimizer.safetensors) of the tiny recipe's last checkpoint."""
+def trajectory_digest(store: ArtifactStore, run_id: str, updates: int) -> str:
+    """sha256 of what the weights do not show: each update's committed advantages and its metrics (losses,
+    statistics; wall times left out). A reordered sum whose gradient is the same (Σ's gradient is 1 in any
+    order) leaves the weights' bits alone but moves the loss it reports: this digest catches that."""
+    digest = hashlib.sha256()
+    for update in range(updates):
+        advantage = store.read_stage(run_id, update, "advantage")
+        for name in sorted(advantage):
+            digest.update(advantage[name])
+    for metrics in store.read_metrics(run_id):
+        timeless = {key: value for key, value in metrics.items() if not key.endswith("_s")}
+        digest.update(json.dumps(timeless, sort_keys=True).encode())
+    return digest.hexdigest()
+
+
+def final_digests(algorithm: str, store_url: str) -> tuple[str, str, str]:
+    """sha256 of the tiny recipe's last checkpoint (model.safetensors, optimizer.safetensors) and of its
+    trajectory (trajectory_digest)."""
     torch.set_num_threads(1)
-    # oneDNN capped at AVX2 still gave an Intel Xeon other bits than an AMD EPYC (its kernels are
-    # chosen per machine); with it off, torch's fp32 matmuls go to MKL, reproducible under MKL_CBWR.
-    torch.backends.mkldnn.enabled = False
+    torch.backends.mkldnn.enabled = False  # oneDNN picks its kernels per CPU; off, nothing else reaches it
     config = tiny_config(algorithm)
     store = open_store(store_url)
-    ensure_warmup(config, store)
     run_id = f"golden-{algorithm}"
-    train(config, run_id, store=store)
+    with portable_kernels():
+        ensure_warmup(config, store)
+        train(config, run_id, store=store)
     final = store.read_stage(run_id, config.num_updates, "checkpoint")
     return (
         hashlib.sha256(final["model.safetensors"]).hexdigest(),
         hashlib.sha256(final["optimizer.safetensors"]).hexdigest(),
+        trajectory_digest(store, run_id, config.num_updates),
     )
 
 
 if __name__ == "__main__":
-    print("\n".join(final_digests(sys.argv[1], sys.argv[2])))
+    for name in sys.argv[2:]:
+        print(name, *final_digests(name, sys.argv[1]), flush=True)
