@@ -16,7 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from probepo import distributed
+from probepo import distributed, spend
 from probepo.config import Retention, RunConfig
 from probepo.preemption import Preempted
 from probepo.schedule import Stage
@@ -111,8 +111,10 @@ def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) ->
     }
     attempt = store.record_attempt(run_id, update, stage, record)
     ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
+    counters = spend.Spend()
     try:
-        STAGES[stage](ctx)
+        with spend.attempt_spend() as counters:
+            STAGES[stage](ctx)
         record["outcome"] = AttemptOutcome.COMMITTED
     except AlreadyCommitted:
         record["outcome"] = AttemptOutcome.LOST_RACE
@@ -124,7 +126,7 @@ def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) ->
         record.update(outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:500])
         raise
     finally:
-        record.update(ctx.attempt_notes, end=now())
+        record.update(ctx.attempt_notes, end=now(), spend=counters.as_record())
         store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
 
 

@@ -18,7 +18,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from probepo import __version__
+from probepo import __version__, spend
 from probepo.config import NOT_RECIPE, Retention, RunConfig
 from probepo.evaluations import retain_checkpoints
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
@@ -73,6 +73,12 @@ def drive_stage(
     if progress is not None:
         progress(update, stage, summary, ran)
     return summary
+
+
+def stage_spend(store: ArtifactStore, run_id: str, update: int, stage: str) -> dict[str, Any]:
+    """What every attempt at a committed stage spent, summed (probepo.spend): its metrics' timing/ and
+    bytes/ entries."""
+    return spend.summed(store.attempts(run_id, update, stage))
 
 
 def run_record(config: RunConfig, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
@@ -218,7 +224,7 @@ class _MetricsFollower:
         summaries: dict[tuple[int, str], dict[str, Any]] = {}
         for key, value in record.items():
             stage, slash, name = key.partition("/")
-            if slash:
+            if slash and not spend.is_spend_metric(key):
                 summaries.setdefault((int(record["update"]), stage), {})[name] = value
         return summaries
 
@@ -256,7 +262,7 @@ class _Metrics:
         self.store, self.run_id, self.tensorboard_dir = store, run_id, tensorboard_dir
         self.logged: dict[int, set[str]] = {}
         for record in store.read_metrics(run_id):
-            stages = {key.split("/", 1)[0] for key in record if "/" in key}
+            stages = {key.split("/", 1)[0] for key in record if "/" in key and not spend.is_spend_metric(key)}
             self.logged.setdefault(int(record["update"]), set()).update(stages)
         self.writer = None
 
@@ -269,6 +275,7 @@ class _Metrics:
         for stage, summary in summaries.items():
             if stage not in done:
                 record.update({f"{stage}/{key}": value for key, value in summary.items()})
+                record.update(spend.spend_metrics(stage, stage_spend(self.store, self.run_id, update, stage)))
                 done.add(stage)
         if len(record) == 1:
             return

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from probepo.costs import RunCosts
+from probepo.report_spend import write_spend
 from probepo.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
 from probepo.stats import mean_and_stderr
 from probepo.store import ArtifactStore
@@ -266,10 +267,12 @@ def write_report(
     costs: Mapping[str, RunCosts] | None = None,
 ) -> Path:
     """Write `report.md` and `curves.png` for the runs into outdir, with each run's GPU-hours where `costs`
-    (by run id) accounts for its jobs; returns the markdown's path."""
+    (by run id) accounts for its jobs, and where each run's updates spent their seconds and bytes
+    (`spend-<run>.png`, probepo.report_spend); returns the markdown's path."""
     curves = [load_curves(store, run_id, (costs or {}).get(run_id)) for run_id in run_ids]
     outdir.mkdir(parents=True, exist_ok=True)
     plot(curves, outdir / "curves.png")
+    spent = "".join(write_spend(store, run_id, outdir) for run_id in run_ids)
     report = outdir / "report.md"
-    report.write_text(f"# {title}\n\n" + markdown(curves, "curves.png"))
+    report.write_text(f"# {title}\n\n" + markdown(curves, "curves.png") + spent)
     return report

@@ -33,7 +33,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from probepo import distributed
+from probepo import distributed, spend
 from probepo.engines.base import TrainBatch, TrainerState
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
@@ -156,7 +156,9 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
             list(self.model.parameters()), enabled=self.zero_stage == 3
         )
         with gathered:
-            return {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+            copy = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
+        spend.count("host_copy", spend.tensor_bytes(copy.values()))
+        return copy
 
     def state(self) -> TrainerState:
         """This rank's state: the full weights (`model.<name>`), its optimizer shard (`optim.<path>`), and
@@ -164,6 +166,7 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         tensors = {f"model.{k}": v for k, v in self.weights().items()}
         shard, layout = _flatten(self.ds_optimizer.state_dict())
         tensors.update({f"optim.{k}": v.detach().cpu().clone() for k, v in shard.items()})
+        spend.count("host_copy", spend.tensor_bytes(shard.values()))
         return TrainerState(tensors=tensors, meta={**self._meta(), "layout": layout})
 
     def load_state(self, state: TrainerState) -> None:

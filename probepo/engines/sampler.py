@@ -20,6 +20,7 @@ from torch import Tensor
 
 from probepo.engines.base import Completion, SamplingParams, chunk_seed
 from probepo.models.gpt import GPT, WEIGHTS_FILE, KVCache
+from probepo.spend import ByteKind
 
 C = TypeVar("C")
 """An engine's KV cache."""
@@ -37,6 +38,8 @@ class ChunkedDecoding(ABC):
     max_batch_rows: int
     vocab_size: int
     context: int
+    handoff: ByteKind = "handoff_memory"
+    """How a state dict given to `load_weights` reaches the engine (its spend counter): in memory here."""
 
     def generate(
         self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from probepo import spend
 from probepo.algo.loss import ppo_clip_loss
 from probepo.config import AlgoConfig, OptimConfig
 from probepo.engines.base import MinibatchCallback, TrainBatch, TrainerState
@@ -197,7 +198,9 @@ class TorchTrainerEngine:
 
     def weights(self) -> dict[str, Tensor]:
         """A copy of the policy's state dict."""
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        copy = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        spend.count("host_copy", spend.tensor_bytes(copy.values()))
+        return copy
 
     def state(self) -> TrainerState:
         """Model weights (`model.<name>`), AdamW moments and step counts (`optim.<param>.<key>`), and
@@ -208,6 +211,7 @@ class TorchTrainerEngine:
         for index, entries in saved["state"].items():
             for key, value in entries.items():
                 tensors[f"optim.{names[index]}.{key}"] = value.detach().clone()
+                spend.count("host_copy", spend.tensor_bytes([value]))
         hyper = {k: v for k, v in saved["param_groups"][0].items() if k != "params"}
         meta = {"optimizer": "AdamW", "optimizer_steps": self.optimizer_steps, "hyperparameters": hyper}
         return TrainerState(tensors=tensors, meta=meta)

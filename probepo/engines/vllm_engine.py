@@ -38,6 +38,7 @@ from torch import Tensor
 
 from probepo.engines.base import Completion, FinishReason, SamplingParams
 from probepo.engines.sampler import ChunkedDecoding
+from probepo.spend import ByteKind
 
 SEED_RANGE = 2**31 - 1
 
@@ -49,6 +50,8 @@ class VLLMGenerationEngine(ChunkedDecoding):
     itself. context: the tokens a sequence may fill (vLLM's max_model_len; default the model's own).
     llm_options: passed to `vllm.LLM` as they are (gpu_memory_utilization, tensor_parallel_size,
     block_size, …)."""
+
+    handoff: ByteKind = "handoff_file"  # a state dict goes through a safetensors file (load_weights)
 
     def __init__(
         self,

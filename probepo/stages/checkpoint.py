@@ -12,9 +12,8 @@ from probepo.engines.base import TrainerEngine
 from probepo.models.gpt import load_model
 from probepo.schedule import Stage
 from probepo.stages import warmup
-from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
-from probepo.stages.policy import keep_trainer, model_dtype, new_trainer
+from probepo.stages.policy import keep_trainer, model_dtype, new_trainer, save_trainer
 
 STAGE = Stage.CHECKPOINT
 
@@ -43,7 +42,5 @@ def _from_pretrained(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
 
 def run(ctx: StageContext) -> None:
     engine, summary = _from_pretrained(ctx) if ctx.config.model.kind == "hf" else _from_warmup(ctx)
-    policy = ctx.scratch / "policy-000000"
-    engine.save(policy)
-    ctx.commit(STAGE, policy_files(policy), summary)
+    ctx.commit(STAGE, save_trainer(ctx, engine, ctx.scratch / "policy-000000"), summary)
     keep_trainer(ctx, engine, 0)

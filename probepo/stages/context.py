@@ -14,7 +14,7 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probepo import distributed
+from probepo import distributed, spend
 from probepo.config import RunConfig
 from probepo.faults import fault_point
 from probepo.store import AlreadyCommitted, ArtifactStore
@@ -68,7 +68,8 @@ class StageContext:
         summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
         stop_here = distributed.own_flag(self.should_stop)
         fault_point(self.update, stage, "before-commit", stop_here)
-        self.store.commit_stage(self.run_id, self.update, stage, files, summary=summary)
+        with spend.timed("commit"):
+            self.store.commit_stage(self.run_id, self.update, stage, files, summary=summary)
         fault_point(self.update, stage, "after-commit", stop_here)
 
     def commit(
@@ -86,10 +87,11 @@ class StageContext:
         update = self.update if update is None else update
         summary = {**summary, "wall_s": round(time.perf_counter() - self.stage_started, 4)}
         fault_point(update, stage, "before-commit", self.should_stop)
-        if distributed.world_size() == 1:
-            marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
-        else:
-            marker = self._commit_from_every_node(stage, update, files, summary)
+        with spend.timed("commit"):
+            if distributed.world_size() == 1:
+                marker = self.store.commit_stage(self.run_id, update, stage, files, summary=summary)
+            else:
+                marker = self._commit_from_every_node(stage, update, files, summary)
         fault_point(update, stage, "after-commit", self.should_stop)
         return marker
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from probepo import spend
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.schedule import EVAL_RESULTS, Stage
@@ -53,13 +54,15 @@ def _per_problem(
     limits = [response_budget(ctx.config.sampling, len(prompt)) for prompt in prompts]
     engine = generation_engine(ctx)
     if shards is None:
-        samples = engine.continue_from(prompts, k, params, seed, limits)
+        with spend.timed("generation"):
+            samples = engine.continue_from(prompts, k, params, seed, limits)
     else:
         samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits)
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
-    rewards = task.verify_many(
-        texts, [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
-    )
+    with spend.timed("grading"):
+        rewards = task.verify_many(
+            texts, [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
+        )
     return [sum(rewards[i * k : (i + 1) * k]) / k for i in range(len(suite.problems))]
 
 

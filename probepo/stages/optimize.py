@@ -13,17 +13,18 @@ commits nothing: its optimize reruns whole (it is cheap next to the generation i
 
 from __future__ import annotations
 
+from probepo import spend
 from probepo.engines.trainer import combine_metrics
 from probepo.preemption import Preempted
 from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
-from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.stages.policy import (
     DIGEST,
     fetch_policy,
     keep_trainer,
     load_trainer,
+    save_trainer,
     trainer_engine,
     weights_digest,
 )
@@ -65,20 +66,18 @@ def run(ctx: StageContext) -> None:
         if index == n_minibatches - 1:
             return  # the last mini-batch's state is the stage's own commit
         if full:
-            folder = ctx.scratch / part_name(index)
-            engine.save(folder)
-            ctx.commit(part_name(index), policy_files(folder), metrics)
+            ctx.commit(part_name(index), save_trainer(ctx, engine, ctx.scratch / part_name(index)), metrics)
         if ctx.should_stop():
             kept = "progress committed" if full else "nothing committed: the update's optimize reruns"
             raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
 
-    ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
+    with spend.timed("optimizer"):  # the parts' saves and commits inside count as theirs
+        ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
     ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
     summary = {**combine_metrics(history), "minibatches": len(history)}
     if full:
-        folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
-        engine.save(folder)
-        ctx.commit(Stage.CHECKPOINT, policy_files(folder), summary, update=ctx.update + 1)
+        files = save_trainer(ctx, engine, ctx.scratch / f"policy-{ctx.update + 1:06d}")
+        ctx.commit(Stage.CHECKPOINT, files, summary, update=ctx.update + 1)
         ctx.commit(STAGE, {}, summary)
     else:
         ctx.commit(STAGE, {}, {**summary, DIGEST: weights_digest(engine.weights())})

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from probepo import distributed
+from probepo import distributed, spend
 from probepo.config import ModelConfig
 from probepo.devices import check_fits_one_gpu, torch_device, weights_bytes
 from probepo.engines.base import GenerationEngine, TrainerEngine
@@ -33,6 +33,7 @@ from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT
 from probepo.schedule import Stage, is_optimizer_state, optimizer_shard_rank
 from probepo.stages.batch import training_batch
+from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.store.retention import holds
 
@@ -86,7 +87,9 @@ def fetch_policy(ctx: StageContext, stage: str = Stage.CHECKPOINT, *, optimizer_
         names = ctx.store.read_stage(ctx.run_id, update, stage).marker["files"]
         for name in files_for_node(names, ranks_here, optimizer_state=optimizer_state):
             if not (folder / name).exists():
-                ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
+                landed = ctx.store.download_stage_file(ctx.run_id, update, stage, name, folder / name)
+                spend.count("scratch", landed.stat().st_size)
+        note_scratch(ctx)
     distributed.barrier()
     return folder
 
@@ -133,10 +136,12 @@ def has_weights(ctx: StageContext) -> bool:
 def weights_digest(weights: dict[str, Tensor]) -> str:
     """sha256 over the weights' names, dtypes, shapes and bytes (in name order): equal iff bitwise equal."""
     digest = hashlib.sha256()
-    for name in sorted(weights):
-        tensor = weights[name].detach().cpu().contiguous()
-        digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
-        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    with spend.timed("digest"):
+        for name in sorted(weights):
+            tensor = weights[name].detach().cpu().contiguous()
+            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    spend.count("host_copy", spend.tensor_bytes(weights.values()))  # tobytes copies every weight
     return digest.hexdigest()
 
 
@@ -178,10 +183,12 @@ def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
 
         # DeepSpeed places (and under ZeRO-3 partitions) the model on this rank's device itself
         device = "cpu" if model.trainer == "deepspeed" else torch_device()
-        engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
+        with spend.timed("load"):
+            engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
     else:
         engine = new_trainer(ctx, GPT(model))
-    engine.load(folder)
+    with spend.timed("load"):
+        engine.load(folder)
     return engine
 
 
@@ -199,7 +206,8 @@ def replay_optimize(ctx: StageContext, engine: TrainerEngine) -> bool:
             f"policy {ctx.update + 1} of run {ctx.run_id} cannot be restored: its checkpoint is missing and"
             f" update {ctx.update}'s optimize stage committed no weight digest to replay it against"
         )
-    engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
+    with spend.timed("optimizer"):
+        engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
     return weights_digest(engine.weights()) == marker["summary"][DIGEST]
 
 
@@ -275,7 +283,7 @@ def generation_engine(ctx: StageContext) -> GenerationEngine:
         weights = trainer_engine(ctx).weights()  # a replay, whose trainer stays resident for the next stages
     if engines is not None and engines.generator is not None:
         generator = engines.generator
-        generator.load_weights(weights)
+        hand_off(generator, weights)
     else:
         generator = _new_generator(ctx, weights)
     if engines is not None:
@@ -287,7 +295,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
     rows = ctx.config.sampling.batch_rows
     if ctx.config.model.kind == "testbed":
         generator = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
-        generator.load_weights(weights)
+        hand_off(generator, weights)
         return generator
     # The model's layout (config, tokenizer) comes from a full checkpoint, policy k's weights after it.
     layout = weights if isinstance(weights, Path) else None
@@ -317,5 +325,34 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
             folder, dtype=model_dtype(model), device=torch_device(), max_batch_rows=rows
         )
     if layout is None:
-        generator.load_weights(weights)
+        hand_off(generator, weights)
     return generator
+
+
+def hand_off(generator: GenerationEngine, weights: Path | dict[str, Tensor]) -> None:
+    """Policy weights into a generation engine, counted: a state dict as the engine takes it (in memory,
+    or through a file: `handoff`), a checkpoint folder as the file it reads."""
+    with spend.timed("handoff"):
+        generator.load_weights(weights)
+    if isinstance(weights, dict):
+        spend.count(getattr(generator, "handoff", "handoff_memory"), spend.tensor_bytes(weights.values()))
+    else:
+        spend.count(
+            "handoff_file", weights_bytes(weights) or sum(f.stat().st_size for f in weights.glob("*"))
+        )
+
+
+def save_trainer(ctx: StageContext, engine: TrainerEngine, folder: Path) -> dict[str, Path]:
+    """The trainer's state saved into `folder` of the scratch, counted; returns the files to commit."""
+    with spend.timed("save"):
+        engine.save(folder)
+    files = policy_files(folder)
+    spend.count("scratch", sum(path.stat().st_size for path in files.values()))
+    note_scratch(ctx)
+    return files
+
+
+def note_scratch(ctx: StageContext) -> None:
+    """The scratch folder's bytes now, for the attempt's peak (after a save or a download: the moments
+    it grows)."""
+    spend.note_scratch(sum(path.stat().st_size for path in ctx.scratch.rglob("*") if path.is_file()))

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from probepo import spend
 from probepo.algo.advantage import group_stats, shrink_values
 from probepo.methods import method_for
 from probepo.schedule import Stage
@@ -75,7 +76,8 @@ def run(ctx: StageContext) -> None:
                 rescued[row, slot] += sample.rescued
                 generated += len(sample.ids)
             trials[row, slot] = len(samples)
-        rewards = task.verify_many(texts, [rollouts.problems[row] for row, _ in owners])  # one grading call
+        with spend.timed("grading"):  # one grading call
+            rewards = task.verify_many(texts, [rollouts.problems[row] for row, _ in owners])
         for (row, slot), reward in zip(owners, rewards, strict=True):
             successes[row, slot] += reward
     mean, _ = group_stats(rollouts.rewards, rollouts.group)

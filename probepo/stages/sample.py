@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from probepo import spend
 from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
@@ -67,7 +68,8 @@ def run(ctx: StageContext) -> None:
         for c in samples
     ]
     texts = [task.tokenizer.decode(c.ids) for _, _, _, c in flat]
-    outcomes = task.grade_many(texts, [problem for _, problem, _, _ in flat])  # one grading call for all
+    with spend.timed("grading"):  # one grading call for all
+        outcomes = task.grade_many(texts, [problem for _, problem, _, _ in flat])
     rows: dict[str, list] = {
         "group": [index for index, _, _, _ in flat],
         "prompt_ids": [prompt for _, _, prompt, _ in flat],

@@ -4,6 +4,7 @@ logits divided by the sampling temperature."""
 
 from __future__ import annotations
 
+from probepo import spend
 from probepo.schedule import Stage
 from probepo.stages.batch import training_rows
 from probepo.stages.common import SCORES, Rollouts
@@ -16,7 +17,9 @@ STAGE = Stage.SCORE
 
 def run(ctx: StageContext) -> None:
     rows = training_rows(ctx, Rollouts.read(ctx))
-    logp, entropy, mask = trainer_engine(ctx).score(rows.prompts, rows.responses)
+    engine = trainer_engine(ctx)
+    with spend.timed("scoring"):
+        logp, entropy, mask = engine.score(rows.prompts, rows.responses)
     summary = {
         "entropy_mean": float(entropy[mask].mean()) if mask.any() else 0.0,
         "logp_mean": float(logp[mask].mean()) if mask.any() else 0.0,

@@ -16,7 +16,7 @@ import time
 from collections.abc import Sequence
 from contextlib import suppress
 
-from probepo import distributed
+from probepo import distributed, spend
 from probepo.devices import assigned_gpu, gpu_index
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams, chunk_seed
 from probepo.faults import fault_point
@@ -69,15 +69,16 @@ def generate_in_shards(
             break
         chunk = plan[index]
         started = time.perf_counter()
-        completions = engine.decode_chunk(
-            [prefixes[i] for i in chunk],
-            n,
-            params,
-            chunk_seed(seed, index),
-            [max_new_tokens[i] for i in chunk],
-            rescue_ids=rescue_ids,
-            rescue_tokens=rescue_tokens,
-        )
+        with spend.timed("generation"):
+            completions = engine.decode_chunk(
+                [prefixes[i] for i in chunk],
+                n,
+                params,
+                chunk_seed(seed, index),
+                [max_new_tokens[i] for i in chunk],
+                rescue_ids=rescue_ids,
+                rescue_tokens=rescue_tokens,
+            )
         decode_s = time.perf_counter() - started
         _commit_shard(ctx, shard_name(stage, index), chunk, completions, decode_s)
         made[index] = completions

@@ -24,6 +24,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
+from probepo import spend
 from probepo.store import keys
 from probepo.store.errors import (
     AlreadyCommitted,
@@ -238,6 +239,7 @@ class ArtifactStore(RunRecords, Maintenance):
                 digests = dict(pool.map(upload, names))
         else:
             digests = dict(map(upload, names))
+        spend.count("uploaded", sum(d.size for d in digests.values()))
         return {name: {"size": d.size, "sha256": d.sha256} for name, d in digests.items()}
 
     def finish_commit(
@@ -338,9 +340,11 @@ class ArtifactStore(RunRecords, Maintenance):
         run_id, update, stage = marker["run_id"], marker["update"], marker["stage"]
         key = RunLayout(run_id).data_key(update, stage, marker["attempt"], name)
         try:
-            data = self.objects.get_bytes(key)
+            with spend.timed("download"):
+                data = self.objects.get_bytes(key)
         except ObjectMissing:
             raise CorruptArtifact(run_id, update, stage, name, "file missing from the store") from None
+        spend.count("downloaded", len(data))
         self._check_digest(marker, name, Digest.of(data))
         return data
 
@@ -369,9 +373,11 @@ class ArtifactStore(RunRecords, Maintenance):
         key = RunLayout(run_id).data_key(update, stage, marker["attempt"], name)
         try:
             try:
-                digest = self.objects.download_file(key, partial)
+                with spend.timed("download"):
+                    digest = self.objects.download_file(key, partial)
             except ObjectMissing:
                 raise CorruptArtifact(run_id, update, stage, name, "file missing from the store") from None
+            spend.count("downloaded", digest.size)
             self._check_digest(marker, name, digest)
             os.replace(partial, target)
         finally:

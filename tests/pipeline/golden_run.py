@@ -12,6 +12,7 @@ import sys
 
 import torch
 
+from probepo import spend
 from probepo.pipeline import ensure_warmup, train
 from probepo.store import ArtifactStore, open_store
 from tests.pipeline.conftest import tiny_config
@@ -32,15 +33,20 @@ operation off the path, and test_golden checks that MKL's setting does not move 
 
 def trajectory_digest(store: ArtifactStore, run_id: str, updates: int) -> str:
     """sha256 of what the weights do not show: each update's committed advantages and its metrics (losses,
-    statistics; wall times left out). A reordered sum whose gradient is the same (Σ's gradient is 1 in any
-    order) leaves the weights' bits alone but moves the loss it reports: this digest catches that."""
+    statistics; wall times and the spend counters left out). A reordered sum whose gradient is the same
+    (Σ's gradient is 1 in any order) leaves the weights' bits alone but moves the loss it reports: this
+    digest catches that."""
     digest = hashlib.sha256()
     for update in range(updates):
         advantage = store.read_stage(run_id, update, "advantage")
         for name in sorted(advantage):
             digest.update(advantage[name])
     for metrics in store.read_metrics(run_id):
-        timeless = {key: value for key, value in metrics.items() if not key.endswith("_s")}
+        timeless = {
+            key: value
+            for key, value in metrics.items()
+            if not key.endswith("_s") and not spend.is_spend_metric(key)
+        }
         digest.update(json.dumps(timeless, sort_keys=True).encode())
     return digest.hexdigest()
 

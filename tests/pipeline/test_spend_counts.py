@@ -1,0 +1,44 @@
+"""The spend counters on a real run of the tiny recipe: every attempt records what it spent, the counts are
+the bytes the store holds, and they reach the metrics, TensorBoard and `probepo report`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from probepo.pipeline import train
+from probepo.report import write_report
+from probepo.store import ArtifactStore
+from tests.pipeline.conftest import tiny_config
+
+pytestmark = pytest.mark.integration
+
+
+def test_an_update_counts_the_bytes_it_commits(warm_store: ArtifactStore, tmp_path: Path) -> None:
+    config = tiny_config("probepo", checkpoint_every=2)  # update 1 ends on a full checkpoint, parts included
+    events = tmp_path / "events"
+    metrics = train(config, "spend", store=warm_store, tensorboard_dir=events)
+    for update in range(config.num_updates):
+        for record in warm_store.attempts("spend", update):
+            assert set(record["spend"]) == {"bytes", "seconds", "scratch_peak_bytes"}, record
+    # what optimize 1 uploaded is what the store holds of it: its parts and checkpoint 2
+    parts = [s for s in warm_store.committed_stages("spend", 1) if s.startswith("optimize.part-")]
+    held = [warm_store.marker("spend", 1, part) for part in parts] + [
+        warm_store.marker("spend", 2, "checkpoint")
+    ]
+    committed = sum(f["size"] for marker in held for f in marker["files"].values())
+    by_update = {record["update"]: record for record in metrics}
+    assert by_update[1]["bytes/optimize/uploaded"] == committed
+    checkpoint = sum(f["size"] for f in held[-1]["files"].values())
+    assert committed == (len(parts) + 1) * checkpoint  # today: a part after every mini-batch but the last
+    assert by_update[0]["bytes/optimize/uploaded"] == 0 and by_update[0]["timing/optimize/digest"] > 0
+    assert by_update[1]["bytes/optimize/scratch_peak"] >= committed
+    assert by_update[0]["timing/sample/generation"] > 0 and by_update[0]["timing/score/scoring"] > 0
+    tags = EventAccumulator(str(events)).Reload().Tags()["scalars"]
+    assert {"timing/sample/generation", "bytes/optimize/uploaded", "bytes/evaluate/handoff_memory"} <= set(
+        tags
+    )
+    report = write_report(warm_store, ["spend"], tmp_path / "report").read_text()
+    assert "### Where spend's updates went" in report and (tmp_path / "report" / "spend-spend.png").exists()
