@@ -35,6 +35,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.states import Cancelled, Failed, State
 
 from flows.runner import shown_in_prefect
+from probepo import spend
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.costs import RunCosts
 from probepo.errors import ExecutionError
@@ -107,9 +108,17 @@ class Published:
             self.metrics()
 
     def metrics(self) -> None:
-        """The metrics table of every update committed so far."""
+        """The metrics table of every update committed so far (the spend counters, ~40 columns, left to
+        TensorBoard and `probepo report`)."""
         records = self.store.read_metrics(self.run_id)
-        columns = sorted({key for record in records for key in record if key == "update" or "/" in key})
+        columns = sorted(
+            {
+                key
+                for record in records
+                for key in record
+                if (key == "update" or "/" in key) and not spend.is_spend_metric(key)
+            }
+        )
         table = [{key: record.get(key) for key in columns} for record in records]
         create_table_artifact(
             table, key=artifact_key(self.run_id, "metrics"), description=f"run {self.run_id}: per update"

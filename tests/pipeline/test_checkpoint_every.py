@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probepo import execution
+from probepo import execution, spend
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.execution import StageRequest
 from probepo.pipeline import train
@@ -48,10 +48,14 @@ def test_only_every_third_policy_is_committed_in_full_and_the_bits_do_not_change
         assert (DIGEST in summary) == (update + 1 not in FULL)
     assert final_checkpoint(warm_store, "every-3") == every_update_reference
 
-    # The metrics are those of the run that checkpoints every update (digests aside).
+    # The metrics are those of the run that checkpoints every update (digests, timings and spend aside).
     def comparable(run_id: str) -> list[dict]:
         return [
-            {k: v for k, v in m.items() if "wall_s" not in k and not k.endswith(DIGEST)}
+            {
+                k: v
+                for k, v in m.items()
+                if "wall_s" not in k and not k.endswith(DIGEST) and not spend.is_spend_metric(k)
+            }
             for m in warm_store.read_metrics(run_id)
         ]
 
