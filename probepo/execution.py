@@ -111,23 +111,22 @@ def execute_stage(ctx: StageContext, stage: Stage, job_id: str | None = None) ->
     }
     attempt = store.record_attempt(run_id, update, stage, record)
     ctx.stage_started, ctx.attempt_notes = time.perf_counter(), {}
-    counters = spend.Spend()
-    try:
-        with spend.attempt_spend() as counters:
+    with spend.attempt_spend() as counters:
+        try:
             STAGES[stage](ctx)
-        record["outcome"] = AttemptOutcome.COMMITTED
-    except AlreadyCommitted:
-        record["outcome"] = AttemptOutcome.LOST_RACE
-    except Preempted:
-        record["outcome"] = AttemptOutcome.PREEMPTED
-        raise
-    except BaseException as exc:
-        outcome = AttemptOutcome.RANK_LOST if distributed.lost_a_rank(exc) else AttemptOutcome.FAILED
-        record.update(outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:500])
-        raise
-    finally:
-        record.update(ctx.attempt_notes, end=now(), spend=counters.as_record())
-        store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
+            record["outcome"] = AttemptOutcome.COMMITTED
+        except AlreadyCommitted:
+            record["outcome"] = AttemptOutcome.LOST_RACE
+        except Preempted:
+            record["outcome"] = AttemptOutcome.PREEMPTED
+            raise
+        except BaseException as exc:
+            outcome = AttemptOutcome.RANK_LOST if distributed.lost_a_rank(exc) else AttemptOutcome.FAILED
+            record.update(outcome=outcome, error=f"{type(exc).__name__}: {exc}"[:500])
+            raise
+        finally:
+            record.update(ctx.attempt_notes, end=now(), spend=counters.as_record())
+            store.record_attempt(run_id, update, stage, record, attempt_id=attempt)
 
 
 class InlineRunner:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probepo.spend import BYTE_KINDS, PIECES
+from probepo.spend import BYTE_KINDS, PIECES, is_spend_metric
 from probepo.store import ArtifactStore
 
 MB = 1e6
@@ -38,7 +38,7 @@ def updates_spend(metrics: Sequence[Mapping[str, Any]]) -> list[UpdateSpend]:
     for record in metrics:
         for key, value in record.items():
             group, _, rest = key.partition("/")
-            if group not in ("timing", "bytes") or "/" not in rest:
+            if not is_spend_metric(key) or "/" not in rest:
                 continue
             name = rest.split("/", 1)[1]
             spent = by_update.setdefault(int(record["update"]), UpdateSpend(int(record["update"]), {}, {}, 0))

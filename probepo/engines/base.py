@@ -17,6 +17,7 @@ from typing import Any, Literal, Protocol
 from torch import Tensor
 
 from probepo.config import SamplingConfig
+from probepo.spend import ByteKind
 
 FinishReason = Literal["stop", "length"]
 
@@ -82,6 +83,9 @@ MinibatchCallback = Callable[[int, dict[str, float]], None]
 
 
 class GenerationEngine(Protocol):
+    handoff: ByteKind
+    """How a state dict given to `load_weights` reaches the engine: in memory, or through a file."""
+
     def generate(
         self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
     ) -> list[list[Completion]]:

@@ -335,7 +335,7 @@ def hand_off(generator: GenerationEngine, weights: Path | dict[str, Tensor]) -> 
     with spend.timed("handoff"):
         generator.load_weights(weights)
     if isinstance(weights, dict):
-        spend.count(getattr(generator, "handoff", "handoff_memory"), spend.tensor_bytes(weights.values()))
+        spend.count(generator.handoff, spend.tensor_bytes(weights.values()))
     else:
         spend.count(
             "handoff_file", weights_bytes(weights) or sum(f.stat().st_size for f in weights.glob("*"))

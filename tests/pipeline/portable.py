@@ -27,8 +27,6 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-aten = torch.ops.aten
-
 PRODUCT_CHUNK = 1 << 16
 """Multiplications of a matrix product formed at once: its rows go in chunks of PRODUCT_CHUNK // (inner ×
 columns), a 256 KB temporary that stays in cache. The chunk is part of the order of operations (a chunk of
@@ -167,13 +165,9 @@ def _portable_unary(name: str, args: tuple, kwargs: dict) -> Any:
 
 
 def _portable_foreach(name: str, args: tuple) -> Any:
-    compute = UNARY[name.removeprefix("_foreach_").rstrip("_")]
-    results = [compute(tensor) for tensor in args[0]]
-    if name.endswith("_"):
-        for tensor, result in zip(args[0], results, strict=True):
-            tensor.copy_(result)
-        return None
-    return results
+    single = name.removeprefix("_foreach_")
+    results = [_portable_unary(single, (tensor,), {}) for tensor in args[0]]
+    return None if single.endswith("_") else results
 
 
 class PortableKernels(TorchDispatchMode):
@@ -190,9 +184,8 @@ class PortableKernels(TorchDispatchMode):
             if name.startswith("_foreach_"):
                 return _portable_foreach(name, args)
             return _portable_unary(name, args, kwargs)
-        if base in MKL_UNARY_WITHOUT_PORTABLE_FORM or name in PRODUCTS or name in REFUSED:
-            raise UnportableOperation(f"{func} {CPU_DEPENDENT}")
-        if name.startswith(REFUSED_PREFIXES):
+        refused = name in PRODUCTS or name in REFUSED or name.startswith(REFUSED_PREFIXES)
+        if refused or base in MKL_UNARY_WITHOUT_PORTABLE_FORM:
             raise UnportableOperation(f"{func} {CPU_DEPENDENT}")
         if torch._C._dispatch_has_kernel_for_dispatch_key(func.name(), "CompositeImplicitAutograd"):
             with self:  # a composite seen whole (as under inference mode): its parts come back through here
