@@ -24,7 +24,7 @@ from probepo.evaluations import retain_checkpoints
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
 from probepo.preemption import Preempted, StopFlag
 from probepo.presets import ConfigError
-from probepo.schedule import Stage, full_checkpoint, stages_for_update
+from probepo.schedule import Stage, full_checkpoint, resident_refusal, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
@@ -118,13 +118,8 @@ def train(
     """
     store = store or open_store(config.store)
     runner = runner or InlineRunner()
-    if config.checkpoint_every > 1 and not runner.resident:
-        raise ConfigError(
-            f"checkpoint_every = {config.checkpoint_every} needs engines that stay resident from update to"
-            " update, and this executor starts a job per stage (each would replay every update since the"
-            " last full checkpoint): use `--executor resident` (the driver as one SLURM job) or `inline`,"
-            " or set checkpoint_every = 1"
-        )
+    if not runner.resident and (refusal := resident_refusal(config.checkpoint_every)):
+        raise ConfigError(refusal)
     tell = say or (lambda line: None)
     freeze_recipe(store, run_id, config)
     if isinstance(runner, DriverRunner):

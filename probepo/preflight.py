@@ -11,6 +11,7 @@ it, so a hub id counts only when its files are in the local cache.
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,19 +93,35 @@ def model_folder(config: RunConfig, found: Findings) -> Path | None:
     return None
 
 
-def safetensors_parameters(path: Path) -> int:
-    """The number of parameters in a safetensors file, from its header alone (no tensor is read)."""
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """A safetensors file's tensors by name ({"dtype", "shape", "data_offsets"}), from its header alone."""
     with path.open("rb") as file:
         (length,) = struct.unpack("<Q", file.read(8))
         header = json.loads(file.read(length))
-    count = 0
-    for name, entry in header.items():
-        if name != "__metadata__":
-            size = 1
-            for dimension in entry["shape"]:
-                size *= dimension
-            count += size
-    return count
+    header.pop("__metadata__", None)
+    return header
+
+
+def safetensors_parameters(path: Path) -> int:
+    """The number of parameters in a safetensors file, from its header alone (no tensor is read)."""
+    return sum(math.prod(entry["shape"]) for entry in safetensors_header(path).values())
+
+
+def safetensors_tensor_bytes(path: Path) -> int:
+    """The bytes of a safetensors file's tensors (the file less its header), from its header alone."""
+    return sum(end - begin for begin, end in (e["data_offsets"] for e in safetensors_header(path).values()))
+
+
+def tied_parameters(folder: Path | None) -> int:
+    """The parameters of a model's LM head tied to its embedding (config.json's tie_word_embeddings), which a
+    state dict lists twice; 0 when untied or unknown."""
+    try:
+        config = json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return 0
+    if not config.get("tie_word_embeddings"):
+        return 0
+    return int(config.get("vocab_size", 0)) * int(config.get("hidden_size", 0))
 
 
 @dataclass

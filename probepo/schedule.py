@@ -81,3 +81,15 @@ def full_checkpoint(update: int, *, num_updates: int, every: int) -> bool:
     """Whether policy k is committed in full (weights and optimizer state): at update 0, every `every`
     updates (the run's `checkpoint_every`) and after the last update."""
     return update % every == 0 or update == num_updates
+
+
+def resident_refusal(checkpoint_every: int) -> str | None:
+    """Why a run with `checkpoint_every` cannot run where each stage is a job of its own (None: it can)."""
+    if checkpoint_every <= 1:
+        return None
+    return (
+        f"checkpoint_every = {checkpoint_every} needs engines that stay resident from update to update, and"
+        " this executor starts a job per stage (each would replay every update since the last full"
+        " checkpoint): use `--executor resident` (the driver as one SLURM job) or `inline`, or set"
+        " checkpoint_every = 1"
+    )

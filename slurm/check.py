@@ -19,10 +19,11 @@ from typing import Any
 
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.errors import ExecutionError
-from probepo.preflight import Findings, memory_warning, preflight
+from probepo.preflight import Findings, memory_warning, preflight, tied_parameters
 from probepo.presets import ConfigError, load_profile, validate_run_config
-from probepo.schedule import Stage
+from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend
+from slurm.check_spend import spend_findings
 from slurm.executors import Executor, executor_for
 
 PROBE_JOB_WAIT_S = 300.0
@@ -82,6 +83,11 @@ def check_launch(
         found.extend(run_found)
         if model.parameters is not None and checked.profile and checked.executor:
             found.extend(_memory(checked.config, checked.profile, checked.executor, model.parameters))
+            tied = tied_parameters(model.folder)
+            found.extend(spend_findings(checked.config, checked.profile, executor, model.parameters, tied))
+        refusal = resident_refusal(checked.config.checkpoint_every)
+        if refusal and checked.executor is not None and not checked.executor.resident:
+            found.failures.append(f"executor {executor}: {refusal}")
     if backend is None or checked.profile is None or checked.executor is None:
         if probe_job and checked.executor is not None and checked.executor.in_process:
             found.warnings.append(f"--probe-job: executor {executor} runs no jobs, so none was submitted")

@@ -34,6 +34,9 @@ class Executor:
     start without one."""
     stages: tuple[Stage, ...] = ()
     """The stages it submits as jobs, whose resources `probepo check` verifies against the site."""
+    resident: bool = False
+    """Its engines stay resident from stage to stage and update to update (its runner's `resident`): what
+    `checkpoint_every` > 1 needs."""
 
     @property
     def in_process(self) -> bool:
@@ -45,7 +48,7 @@ STAGE_JOBS = tuple(stage for stage in Stage if stage not in (Stage.DRIVER, Stage
 """What the executors with a job per stage submit: every stage."""
 
 EXECUTORS: dict[str, Executor] = {
-    "inline": Executor("this process", None, lambda backend, profile: InlineRunner()),
+    "inline": Executor("this process", None, lambda backend, profile: InlineRunner(), resident=True),
     "local": Executor(
         "a subprocess per stage (submitit's LocalExecutor)",
         LocalBackend,
@@ -66,6 +69,7 @@ EXECUTORS: dict[str, Executor] = {
         arrays=False,
         needs_profile=True,
         stages=(Stage.DRIVER,),
+        resident=True,
     ),
 }
 

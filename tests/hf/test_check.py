@@ -74,4 +74,38 @@ def test_the_tiny_qwen_recipe_passes_inline(tiny_qwen, tmp_path):
     recipe = qwen_config(tiny_qwen.folder, store=str(tmp_path / "store")).model_dump(mode="json")
     found = check_launch(recipe, "inline", None).findings
     assert (found.failures, found.warnings) == ([], [])
-    assert [line.split(":")[0] for line in found.passed] == ["recipe", "model", "data", "context", "store"]
+    assert [line.split(":")[0] for line in found.passed] == [
+        "recipe",
+        "model",
+        "data",
+        "context",
+        "store",
+        "spend",
+    ]
+
+
+def test_check_says_what_an_update_moves_and_warns_of_a_per_stage_executor(tiny_qwen, tmp_path):
+    recipe = qwen_config(tiny_qwen.folder, store=str(tmp_path / "store")).model_dump(mode="json")
+    inline = check_launch(recipe, "inline", None).findings
+    (line,) = [p for p in inline.passed if p.startswith("spend: ")]
+    assert (
+        "s of state movement per update under inline (1 trainer rank(s), amortised over checkpoint_every 1"
+        in line
+    )
+    assert "in a checkpoint update" in line and "uploaded" in line and "at stated bandwidths" in line
+    per_stage = check_launch(recipe, "local", None).findings
+    (warning,) = [w for w in per_stage.warnings if w.startswith("spend: ")]
+    assert "the local executor moves" in warning and warning.endswith(
+        "`--executor resident` keeps the engines resident and checkpoints every checkpoint_every updates"
+    )
+
+
+def test_check_refuses_checkpoint_every_on_a_per_stage_executor_before_any_job(tiny_qwen, tmp_path):
+    recipe = qwen_config(tiny_qwen.folder, store=str(tmp_path / "store"), checkpoint_every=2)
+    found = check_launch(recipe.model_dump(mode="json"), "local", None).findings
+    assert found.failures == [
+        "executor local: checkpoint_every = 2 needs engines that stay resident from update to update, and"
+        " this executor starts a job per stage (each would replay every update since the last full"
+        " checkpoint): use `--executor resident` (the driver as one SLURM job) or `inline`, or set"
+        " checkpoint_every = 1"
+    ]

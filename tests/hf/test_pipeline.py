@@ -15,10 +15,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from probepo.data.benchmarks import benchmarks_root
 from probepo.faults import CRASH_ENV
 from probepo.pipeline import train
+from probepo.report import write_report
 from probepo.schedule import TRAINING_STAGES
 from probepo.store import open_store
 from probepo.store.formats import table_from_parquet
@@ -34,7 +36,7 @@ def finished(tiny_qwen, tmp_path_factory):
     folder = tmp_path_factory.mktemp("qwen-store")
     store = open_store(folder)
     config = qwen_config(tiny_qwen.folder)
-    train(config, "qwen", store=store)
+    train(config, "qwen", store=store, tensorboard_dir=folder / "tensorboard")
     yield store, config
     shutil.rmtree(folder)  # Hugging Face checkpoints: ~135 MB each with the full Qwen vocabulary
 
@@ -62,6 +64,21 @@ def test_every_stage_runs_the_real_model(finished, tiny_qwen):
     ) == pytest.approx(1 - summary["reward_mean"])
     assert store.marker("qwen", 0, "probe")["summary"]["continuations"] > 0
     assert store.marker("qwen", 0, "select")["summary"]["pivots"] > 0
+
+
+def test_the_spend_counters_reach_tensorboard_and_the_report(finished, tmp_path):
+    store, _ = finished
+    events = Path(store.url) / "tensorboard"
+    tags = set(EventAccumulator(str(events)).Reload().Tags()["scalars"])
+    # the pretrained weights fetched for generation, the checkpoint's bytes uploaded at update 2
+    assert {"timing/sample/generation", "bytes/evaluate/downloaded", "bytes/optimize/uploaded"} <= tags
+    uploaded = [
+        m["bytes/optimize/uploaded"] for m in store.read_metrics("qwen") if "bytes/optimize/uploaded" in m
+    ]
+    checkpoint = sum(f["size"] for f in store.marker("qwen", 2, "checkpoint")["files"].values())
+    assert uploaded[-1] == 2 * checkpoint  # a part after mini-batch 1 of 2, then the checkpoint
+    report = write_report(store, ["qwen"], tmp_path).read_text()
+    assert "### Where qwen's updates went" in report and (tmp_path / "spend-qwen.png").exists()
 
 
 def test_checkpoints_are_hugging_face_folders_and_nothing_is_pickled(finished, tmp_path):

@@ -122,9 +122,14 @@ def test_the_testbed_and_the_tiny_qwen_recipes_pass(slurm_cluster, tmp_path, tin
     assert found.failures == []
     assert any(line.startswith("model: ") and "1 weight shard(s)" in line for line in found.passed)
     assert any(line.startswith("context: ") for line in found.passed)
-    (memory,) = found.warnings  # the trainer's memory in numbers, for the optimize job's 2 GPUs
+    memory, spend = found.warnings  # the trainer's memory in numbers, for the optimize job's 2 GPUs
     assert memory.startswith("memory: 0.01 B parameters train on 2 GPU(s) with the hf trainer")
     assert memory.endswith("leaving the 80.0 GB of each 80 GB GPU")
+    # a job per stage fetches the policy in each and commits it in full every update
+    assert spend.startswith("spend: about ") and "the slurm executor moves" in spend
+    assert spend.endswith(
+        "`--executor resident` keeps the engines resident and checkpoints every checkpoint_every updates"
+    )
 
 
 def test_the_probe_job_reports_the_jobs_interpreter(slurm_cluster, tmp_path):

@@ -35,3 +35,11 @@ def test_the_cli_help_names_every_executor():
         [sys.executable, "-m", "probepo.cli", "train", "--help"], capture_output=True, text=True, check=True
     ).stdout
     assert all(f"{name} (" in " ".join(shown.split()) for name in EXECUTORS)
+
+
+def test_an_executor_says_whether_its_runner_keeps_engines_resident():
+    """`probepo check` refuses checkpoint_every > 1 by the entry, train by the runner: they must agree."""
+    from probepo.config import ExecutionProfile
+
+    for name, executor in EXECUTORS.items():
+        assert executor.resident == executor.runner(None, ExecutionProfile()).resident, name

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from probepo import spend
 from probepo.report_spend import spend_markdown, updates_spend
 
@@ -48,3 +50,29 @@ def test_attempts_sum_into_metrics_and_a_breakdown() -> None:
     (update,) = updates_spend(records)
     assert update.update == 3 and update.total_s == 7.5 and update.scratch_peak == 70
     assert "| 3 | 7.50 |" in spend_markdown("run", [update])
+
+
+def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
+    from probepo.spend_model import PolicySizes, UpdateShape, estimate
+
+    sizes = PolicySizes.of(7_000_000_000, dtype="bfloat16", trainer="deepspeed")
+    assert (sizes.weights, sizes.optimizer) == (14_000_000_000, 84_000_000_000)
+    shape = UpdateShape(sizes, ranks=8, ranks_per_node=8, minibatches=4, checkpoint_every=10, handoff="file")
+    found = estimate(shape)
+    # plain: the hand-off's host copy, the digest's two; the weights to vLLM through a file
+    assert found.plain.bytes == {"host_copy": 3 * sizes.weights, "handoff_file": sizes.weights}
+    # a checkpoint update: every mini-batch saves and uploads the node's whole checkpoint (parts, then it)
+    assert found.checkpoint.bytes["uploaded"] == 4 * sizes.checkpoint == found.checkpoint.bytes["scratch"]
+    assert found.checkpoint.bytes["host_copy"] == sizes.weights + 4 * (sizes.weights + sizes.optimizer // 8)
+    amortised = found.amortised_seconds()
+    assert amortised["commit"] == pytest.approx(4 * sizes.checkpoint / 2.5e9 / 10)
+    assert found.total_s == pytest.approx(sum(amortised.values()))
+    # the 8 ranks' vLLM files share the node's disk
+    assert found.plain.seconds["handoff"] == pytest.approx(
+        sizes.weights / 25e9 + 8 * sizes.weights / 10e9 + 8 * sizes.weights / 20e9
+    )
+    per_stage = estimate(
+        UpdateShape(sizes, ranks=8, ranks_per_node=8, minibatches=4, resident=False, handoff="file")
+    )
+    assert per_stage.every == 1 and per_stage.plain == per_stage.checkpoint
+    assert per_stage.moved_bytes(per_stage.checkpoint) > 5 * sizes.checkpoint > found.moved_bytes(found.plain)

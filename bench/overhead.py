@@ -1,0 +1,314 @@
+"""What an update moves and how long that takes: counted on a model whose bytes dominate, then extrapolated
+to the study's three recipes on 8×H200.
+
+    .venv/bin/python bench/overhead.py --label before     # ≈ 10 min on 2 idle cores; writes one label's rows
+
+The run: the resident executor's driver job (slurm/job.py `run_driver_job`, through DriverJobRunner) on
+submitit's local executor with 2 tasks, the ranks in lockstep on gloo; a random-init Qwen2 of 100.4 M
+parameters (bench/checkpoint.py's QWEN_100M: Qwen's vocabulary, hidden 512, 8 layers; float32), trained
+by DeepSpeed ZeRO-2 over both ranks, generating with the Hugging Face engine; ProbePO for 6 updates of
+2 prompts × 4 responses (4 mini-batches of 2), `checkpoint_every` 3, evaluating every 3. What each update
+spent is read back from the store (the metrics the driver summed from every attempt's counters: rank 0's,
+which records them; every rank moves as much, the shared disk and store aside) and split into the start
+(update 0: checkpoint 0 fetched), plain updates and checkpoint updates.
+
+Extrapolation (probepo/spend_model.py, the model `probepo check` prints): first the model is run at this
+model's own sizes (read from the committed checkpoint's files) and compared with the counted bytes, kind
+by kind (`model_vs_counted`, 1.0 where it reproduces them); then it is run at each recipe's shape — its
+model's parameters (stated: the model cards'), bf16 weights, DeepSpeed's 12 bytes of optimizer state per
+parameter, 8 ranks on one node (the h200-node profile's driver), the recipe's mini-batches and
+`checkpoint_every`, vLLM's file hand-off — and its bytes turned into seconds at `Bandwidths` (stated, with
+sources, in spend_model.py), except sha256, whose rate this machine measures (one core); and again at a
+modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3). The counted
+seconds of this CPU run are kept beside, not scaled: the hardware differs in every rate. Writes the label
+into bench/results/overhead.json (the other labels kept).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from benchlib import machine
+from checkpoint import QWEN_100M
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from probepo.config import ExecutionProfile, RunConfig, StageResources  # noqa: E402
+from probepo.pipeline import train  # noqa: E402
+from probepo.preflight import safetensors_tensor_bytes  # noqa: E402
+from probepo.presets import load_profile, load_run_config  # noqa: E402
+from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
+from probepo.spend_model import STATED, Estimate, PolicySizes, UpdateShape, estimate, update_moves  # noqa: E402
+from probepo.store import ArtifactStore, open_store  # noqa: E402
+from slurm.backends import LocalBackend  # noqa: E402
+from slurm.check_spend import recipe_shape  # noqa: E402
+from slurm.runner import DriverJobRunner  # noqa: E402
+from tests.hf.tiny_qwen import qwen_config, qwen_tokenizer  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results" / "overhead.json"
+RUN = "bench-overhead"
+UPDATES, EVERY, RANKS, MINIBATCHES = 6, 3, 2, 4
+RECIPES = {
+    "deepseekmath-7b-sft": (6_910_365_696, 0),
+    "qwen3-4b-base": (4_022_468_096, 151_936 * 2560),
+    "r1-distill-qwen-1.5b": (1_777_088_000, 0),
+}
+"""The study's recipes (configs/<name>.yaml) and their models' parameter counts, with those of a tied LM
+head (the model cards' and configs': deepseek-math-7b-instruct 6.91 B, untied; Qwen3-4B-Base 4.02 B, its
+151,936 × 2,560 embedding tied; DeepSeek-R1-Distill-Qwen-1.5B 1.78 B, untied)."""
+MODEST_SITE = replace(STATED, scratch_write=3.0, scratch_read=6.0, s3=1.0)
+"""A site with one NVMe drive of node scratch (~3 GB/s writes) and 8 Gb/s to its S3 gateway: the range's
+slow end."""
+STUDY_UPDATE_S = 104.0
+"""The study's whole update at 7B: 231 H200-hours over 1,000 updates on 8 GPUs."""
+
+
+def build_model(folder: Path) -> None:
+    """QWEN_100M, random init, float32, with Qwen's tokenizer, saved as a Hugging Face folder."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    tokenizer = qwen_tokenizer()
+    config = Qwen2Config(
+        **QWEN_100M, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def recipe(folder: Path) -> RunConfig:
+    """ProbePO on the 100M model: 2 prompts × 4 responses of up to 8 tokens, 4 mini-batches of 2."""
+    model = {"kind": "hf", "pretrained": str(folder), "trainer": "deepspeed", "zero_stage": 2}
+    return qwen_config(
+        folder,
+        model=model,
+        num_updates=UPDATES,
+        checkpoint_every=EVERY,
+        group_size=4,
+        sampling={"max_tokens": 8},
+        eval={"problems": 2, "every": EVERY, "greedy": False},
+    )
+
+
+def run(work: Path) -> tuple[ArtifactStore, RunConfig]:
+    """The resident executor's driver job, 2 ranks, on submitit's local executor."""
+    folder = work / "model"
+    build_model(folder)
+    config = recipe(folder)
+    driver = StageResources(tasks_per_node=RANKS, time_min=120)
+    profile = ExecutionProfile(
+        job_folder=str(work / "jobs"),
+        poll_s=1.0,
+        poll_max_s=5.0,
+        env_allow_extra=("DS_*",),
+        stages={"driver": driver},
+    )
+    store = open_store(work / "store")
+    train(config, RUN, store=store, runner=DriverJobRunner(LocalBackend(profile), profile))
+    return store, config
+
+
+def checkpoint_sizes(store: ArtifactStore, update: int, work: Path) -> PolicySizes:
+    files = store.marker(RUN, update, "checkpoint")["files"]
+    (work / "sizes").mkdir()
+    tensors = {}
+    for name in files:
+        if name.endswith(".safetensors"):
+            landed = store.download_stage_file(RUN, update, "checkpoint", name, work / "sizes" / name)
+            tensors[name] = safetensors_tensor_bytes(landed)
+    # QWEN_100M ties its LM head to the float32 embedding
+    tied = QWEN_100M["vocab_size"] * QWEN_100M["hidden_size"] * 4
+    return PolicySizes.of_files({name: f["size"] for name, f in files.items()}, tensors, tied=tied)
+
+
+def counted(metrics: list[dict[str, Any]], updates: list[int]) -> dict[str, Any]:
+    """The mean over `updates` of each byte kind and piece (every stage summed), and the scratch peak."""
+    rows = [next(m for m in metrics if m["update"] == u) for u in updates]
+
+    def total(row: dict[str, Any], group: str, name: str) -> float:
+        return sum(v for k, v in row.items() if k.startswith(f"{group}/") and k.endswith(f"/{name}"))
+
+    return {
+        "updates": updates,
+        **{f"{kind}_bytes": statistics.mean(total(r, "bytes", kind) for r in rows) for kind in BYTE_KINDS},
+        "seconds": {p: round(statistics.mean(total(r, "timing", p) for r in rows), 3) for p in PIECES},
+        "scratch_peak_bytes": max(total(r, "bytes", "scratch_peak") for r in rows),
+    }
+
+
+def model_bytes(shape: UpdateShape, *, checkpoint: bool) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for move in update_moves(shape, checkpoint=checkpoint):
+        if move.kind is not None:
+            out[move.kind] = out.get(move.kind, 0) + move.nbytes
+    return out
+
+
+def measured_sha256_gbs(nbytes: int = 400_000_000) -> float:
+    """hashlib's sha256 on this machine, one core, GB/s (the best of 3 passes over `nbytes`)."""
+    data = os.urandom(1 << 20) * (nbytes >> 20)
+    best = float("inf")
+    for _ in range(3):
+        start = time.perf_counter()
+        hashlib.sha256(data).hexdigest()
+        best = min(best, time.perf_counter() - start)
+    return len(data) / best / 1e9
+
+
+def study_shape(name: str, parameters: int, tied: int) -> UpdateShape:
+    """A study recipe under the resident executor on the h200-node profile (8 ranks, one node), as `probepo
+    check` sees it."""
+    config = load_run_config(ROOT / "configs" / f"{name}.yaml")
+    profile = load_profile(ROOT / "configs" / "profiles" / "h200-node.yaml")
+    return recipe_shape(config, profile, "resident", parameters, tied)
+
+
+def at_7b(bandwidths: Any) -> dict[str, Any]:
+    rows = {}
+    for name, (parameters, tied) in RECIPES.items():
+        shape = study_shape(name, parameters, tied)
+        found: Estimate = estimate(shape, bandwidths)
+        rows[name] = {
+            "parameters": parameters,
+            "checkpoint_bytes": shape.sizes.checkpoint,
+            "checkpoint_every": shape.checkpoint_every,
+            "minibatches": shape.minibatches,
+            "plain": {"bytes": found.plain.bytes, "seconds": _rounded(found.plain.seconds)},
+            "checkpoint": {"bytes": found.checkpoint.bytes, "seconds": _rounded(found.checkpoint.seconds)},
+            "amortised_seconds": _rounded(found.amortised_seconds()),
+            "total_s": round(found.total_s, 1),
+            "of_study_update": round(found.total_s / STUDY_UPDATE_S, 3),
+        }
+    return rows
+
+
+def _rounded(seconds: dict[str, float]) -> dict[str, float]:
+    return {piece: round(value, 2) for piece, value in seconds.items()}
+
+
+def measure(label: str) -> dict[str, Any]:
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp:
+        work = Path(tmp)
+        store, config = run(work)
+        metrics = store.read_metrics(RUN)
+        full = [u for u, stages in store.ledger_entries(RUN).items() if "checkpoint" in stages and u > 0]
+        checkpoint_updates = [u - 1 for u in full]
+        plain = [u for u in range(1, UPDATES) if u not in checkpoint_updates]
+        sizes = checkpoint_sizes(store, UPDATES, work)
+    shape = UpdateShape(
+        sizes,
+        ranks=RANKS,
+        ranks_per_node=RANKS,
+        minibatches=MINIBATCHES,
+        checkpoint_every=EVERY,
+        handoff="memory",
+    )
+    rows = {
+        "start": counted(metrics, [0]),
+        "plain": counted(metrics, plain),
+        "checkpoint": counted(metrics, checkpoint_updates),
+    }
+    for kind, checkpoint in (("plain", False), ("checkpoint", True)):
+        predicted = model_bytes(shape, checkpoint=checkpoint)
+        rows[kind]["model_vs_counted"] = {
+            k: round(rows[kind][f"{k}_bytes"] / v, 4) for k, v in predicted.items() if k != "downloaded"
+        }
+    rows["checkpoint"]["uploaded_per_checkpoint"] = round(
+        rows["checkpoint"]["uploaded_bytes"] / sizes.checkpoint, 3
+    )
+    sha256 = measured_sha256_gbs()
+    bandwidths = replace(STATED, sha256=round(sha256, 2))
+    return {
+        "label": label,
+        "date": datetime.now(UTC).date().isoformat(),
+        "machine": machine(),
+        "command": f".venv/bin/python bench/overhead.py --label {label}",
+        "wall_s": round(time.perf_counter() - started, 1),
+        "run": {
+            "model": "random-init Qwen2, 100.4 M parameters, float32 (bench/checkpoint.py QWEN_100M)",
+            "executor": f"resident: a driver job of {RANKS} tasks (submitit's local executor), ZeRO-2, gloo",
+            "updates": UPDATES,
+            "checkpoint_every": EVERY,
+            "minibatches": MINIBATCHES,
+            "responses_per_update": config.prompts_per_update * config.group_size,
+            "sizes": asdict(sizes) | {"checkpoint": sizes.checkpoint},
+        },
+        "counted": rows,
+        "bandwidths": asdict(bandwidths) | {"measured": ["sha256"]},
+        "at_7b": at_7b(bandwidths),
+        "at_7b_modest_site": {
+            "bandwidths": asdict(replace(MODEST_SITE, sha256=bandwidths.sha256)),
+            "recipes": at_7b(replace(MODEST_SITE, sha256=bandwidths.sha256)),
+        },
+    }
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/BENCHMARKS.md's tables: what each label counted per update, and its 7B extrapolation."""
+    kinds = [f"{kind}_bytes" for kind in BYTE_KINDS]
+    lines = [
+        "| label | update | "
+        + " | ".join(k.removesuffix("_bytes") + " MB" for k in kinds)
+        + " | scratch peak MB"
+        " | seconds (this CPU) | model ÷ counted |",
+        "|---|---|" + "---|" * (len(kinds) + 3),
+    ]
+    for label, result in results.items():
+        for kind, row in result["counted"].items():
+            seconds = ", ".join(f"{p} {s:g}" for p, s in row["seconds"].items() if s >= 0.005)
+            ratios = ", ".join(f"{k} {v:g}" for k, v in row.get("model_vs_counted", {}).items())
+            megabytes = " | ".join(f"{row[k] / 1e6:,.1f}" for k in kinds)
+            lines.append(
+                f"| {label} | {kind} {row['updates']} | {megabytes} | {row['scratch_peak_bytes'] / 1e6:,.1f}"
+                f" | {seconds} | {ratios or '–'} |"
+            )
+    header = (
+        "| label | recipe | checkpoint GB | every | s per update, amortised | total s | ÷ the study's 104 s |"
+    )
+    lines += ["", header, "|---|---|---|---|---|---|---|"]
+    for label, result in results.items():
+        sites = {"stated": result["at_7b"], "modest site": result["at_7b_modest_site"]["recipes"]}
+        for site, recipes in sites.items():
+            for name, row in recipes.items():
+                pieces = ", ".join(f"{p} {s:g}" for p, s in row["amortised_seconds"].items())
+                lines.append(
+                    f"| {label}, {site} | {name} | {row['checkpoint_bytes'] / 1e9:.1f}"
+                    f" | {row['checkpoint_every']} | {pieces} | **{row['total_s']:g}**"
+                    f" | {row['of_study_update']:.0%} |"
+                )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--label", default="before", help="the row's label: before, after (parts 2 and 3)")
+    parser.add_argument("--markdown", action="store_true", help="print the tables of the results file only")
+    args = parser.parse_args()
+    if args.markdown:
+        print(markdown(json.loads(RESULTS.read_text())))
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    result = measure(args.label)
+    results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
+    results[args.label] = result
+    RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,261 @@
+"""What an update moves and how long that takes, from a recipe's shape alone: the model `probepo check` prints
+before an allocation, and the one bench/overhead.py extrapolates its counted bytes to 7B with.
+
+It follows the code path by path (stages/policy.py, stages/optimize.py, the trainers' `weights()` and
+`state()`): the bytes of each kind are what rank 0's spend counters (probepo/spend.py) record for one
+update, and tests/pipeline/test_spend_model.py holds the model to the counters of a real run, so a change
+to what an update moves changes both. Seconds are bytes over stated bandwidths (`Bandwidths`, each
+figure with its source), for state movement only: generation, grading, scoring and the optimizer's own
+arithmetic are the update's work, not its overhead. Pure: nothing here imports torch or a stage.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Literal
+
+from probepo.schedule import is_optimizer_state
+from probepo.spend import ByteKind, Piece
+
+GB = 1e9
+DEEPSPEED_OPTIMIZER_BYTES = 12
+"""Bytes of optimizer state per parameter under DeepSpeed ZeRO: a float32 master copy and AdamW's two
+float32 moments (whatever the weights' dtype); torch's AdamW keeps two moments of the weights' dtype."""
+
+
+@dataclass(frozen=True)
+class Bandwidths:
+    """The rates an update's bytes move at on one node of 8×H200, in GB/s. Stated, not measured here (this
+    machine has none of that hardware) except where bench/overhead.py measures the CPU's own."""
+
+    scratch_write: float = 10.0
+    """Node scratch (NVMe) writes, shared by the node's ranks. A DGX H200 has 8 × 3.84 TB U.2 NVMe data
+    drives in RAID 0 (NVIDIA's DGX H200 datasheet), ~25 GB/s by the drives' sequential ratings; 10 GB/s
+    assumes a file system on them under concurrent writers."""
+    scratch_read: float = 20.0
+    """Node scratch reads (a file just written is mostly in the page cache): half the drives' ~50 GB/s
+    sequential read ratings."""
+    s3: float = 2.5
+    """The store, per node: 20 Gb/s. AWS's S3 guidance reaches 100 Gb/s per instance with many parallel
+    requests; a site's S3 gateway rarely gives one node its whole NIC."""
+    device_to_host: float = 25.0
+    """A GPU's tensors copied into new pageable host memory (`.cpu()`, `.clone()` of a CPU copy), per rank on
+    its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about half)."""
+    sha256: float = 1.5
+    """sha256 on one CPU core with the SHA extensions (OpenSSL's hashlib): each rank hashes on its own core.
+    bench/overhead.py measures this machine's beside it."""
+
+    def described(self) -> str:
+        return ", ".join(f"{f.name} {getattr(self, f.name):g} GB/s" for f in fields(self))
+
+
+STATED = Bandwidths()
+
+
+@dataclass(frozen=True)
+class PolicySizes:
+    """The bytes of one policy as a checkpoint holds it."""
+
+    weights: int
+    """One full copy of the weights (what generation reads; the trainer's `weights()`)."""
+    optimizer: int
+    """The optimizer state over all ranks (its shards summed)."""
+    other: int = 0
+    """Config, tokenizer and metadata files (small)."""
+    tied: int = 0
+    """Bytes a state dict lists twice (a tied LM head: the file stores it once, the trainer's `weights()`
+    copies it under both names, and the generator takes both)."""
+
+    @property
+    def copied(self) -> int:
+        """What one copy of the trainer's state dict holds."""
+        return self.weights + self.tied
+
+    @property
+    def checkpoint(self) -> int:
+        return self.weights + self.optimizer + self.other
+
+    @classmethod
+    def of(cls, parameters: int, *, dtype: str, trainer: str, tied_parameters: int = 0) -> PolicySizes:
+        """A model of `parameters` parameters in `dtype` ("float32", "bfloat16") trained by `trainer`
+        ("hf", "deepspeed"), `tied_parameters` of them a tied LM head's."""
+        width = 2 if dtype in ("bfloat16", "float16") else 4
+        per_parameter = DEEPSPEED_OPTIMIZER_BYTES if trainer == "deepspeed" else 2 * width
+        return cls(parameters * width, parameters * per_parameter, tied=tied_parameters * width)
+
+    @classmethod
+    def of_files(
+        cls, sizes: Mapping[str, int], tensor_bytes: Mapping[str, int], *, tied: int = 0
+    ) -> PolicySizes:
+        """A committed checkpoint's: its files' sizes by name, and the tensor bytes of its safetensors files
+        (the file less its header: what a host copy of them holds)."""
+        optimizer = sum(n for name, n in tensor_bytes.items() if is_optimizer_state(name))
+        weights = sum(tensor_bytes.values()) - optimizer
+        return cls(weights, optimizer, sum(sizes.values()) - weights - optimizer, tied)
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """What decides an update's movement: the policy's size, the ranks, the recipe and the executor."""
+
+    sizes: PolicySizes
+    ranks: int = 1
+    """The trainer's ranks (DeepSpeed shards the optimizer state over them)."""
+    ranks_per_node: int = 1
+    minibatches: int = 1
+    """Optimizer steps per update (responses ÷ optim.minibatch_size)."""
+    checkpoint_every: int = 1
+    resident: bool = True
+    """Engines stay resident across stages and updates (inline, resident executors); else a job per stage
+    (every update then a full checkpoint)."""
+    handoff: Literal["file", "memory"] = "memory"
+    """How a generator takes weights from a trainer (the engine's `handoff`: vLLM's is a file)."""
+    generation_stages: int = 1
+    """Stages per update that build a generation engine in a job of their own (sample; probe where the
+    method probes): what a per-stage executor downloads the weights for."""
+
+    @property
+    def node_share(self) -> int:
+        """The checkpoint bytes one node holds: the weights and its ranks' optimizer shards."""
+        nodes_share = min(self.ranks_per_node, self.ranks) / self.ranks
+        return self.sizes.weights + self.sizes.other + round(self.sizes.optimizer * nodes_share)
+
+    @property
+    def rank_state(self) -> int:
+        """The bytes one rank's `state()` copies to host: the full weights and its optimizer shard."""
+        return self.sizes.copied + self.sizes.optimizer // self.ranks
+
+
+Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "sha256"]
+
+
+@dataclass(frozen=True)
+class Move:
+    """Bytes of one kind, taken by one piece of rank 0's work at one rate (`per_node`: the node's ranks
+    share that rate, so the node's bytes count, `nbytes` × ranks on the node)."""
+
+    piece: Piece
+    kind: ByteKind | None
+    """The counter the bytes go to (None: time without a counter of its own, e.g. hashing)."""
+    nbytes: int
+    rate: Rate | None
+    """None: no time of its own (a download's landing on the disk overlaps its transfer)."""
+    per_node: bool = False
+
+    def seconds(self, shape: UpdateShape, bandwidths: Bandwidths) -> float:
+        if self.rate is None:
+            return 0.0
+        nbytes = self.nbytes * (min(shape.ranks_per_node, shape.ranks) if self.per_node else 1)
+        return nbytes / (getattr(bandwidths, self.rate) * GB)
+
+
+def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
+    """What rank 0 of one update moves: a plain update (policy k + 1 kept in memory, its digest committed) or
+    one ending on a full checkpoint (every update under a per-stage executor)."""
+    w, node = shape.sizes.copied, shape.node_share
+    moves: list[Move] = []
+    if shape.resident:
+        # generation_engine: the resident trainer's weights() into the resident generator
+        moves += [Move("handoff", "host_copy", w, "device_to_host"), *_handoff(shape, w)]
+    else:
+        weights_files = shape.sizes.weights + shape.sizes.other
+        for _ in range(shape.generation_stages):  # fetch_policy(optimizer_state=False), read from the folder
+            moves += [
+                Move("download", "downloaded", weights_files, "s3"),
+                Move("download", "scratch", weights_files, None),
+                Move("handoff", "handoff_file", shape.sizes.weights, "scratch_read", per_node=True),
+            ]
+        for _ in ("score", "optimize"):  # restore_trainer: the full checkpoint, read back into the trainer
+            moves += [
+                Move("download", "downloaded", node, "s3"),
+                Move("download", "scratch", node, None),
+                Move("load", None, node, "scratch_read"),
+            ]
+    if not (checkpoint or not shape.resident):
+        # optimize: weights_digest(engine.weights()): a host copy, then tobytes' copy, hashed
+        return [
+            *moves,
+            Move("digest", "host_copy", w, "device_to_host"),
+            Move("digest", "host_copy", w, "device_to_host"),
+            Move("digest", None, w, "sha256"),
+        ]
+    for _ in range(shape.minibatches):  # a part after every mini-batch but the last, then the checkpoint
+        moves += [
+            Move("save", "host_copy", shape.rank_state, "device_to_host"),
+            Move("save", "scratch", node, "scratch_write"),
+            Move("commit", "uploaded", node, "s3"),
+        ]
+    return moves
+
+
+def _handoff(shape: UpdateShape, nbytes: int) -> list[Move]:
+    if shape.handoff == "memory":  # into the generator's device memory
+        return [Move("handoff", "handoff_memory", nbytes, "device_to_host")]
+    # every rank writes its file to the node's disk, then its engine reads it back
+    return [
+        Move("handoff", "handoff_file", nbytes, "scratch_write", per_node=True),
+        Move("handoff", None, nbytes, "scratch_read", per_node=True),
+    ]
+
+
+@dataclass
+class UpdateEstimate:
+    """One kind of update's bytes by counter and seconds by piece."""
+
+    bytes: dict[str, int] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.seconds.values())
+
+    @classmethod
+    def of(cls, shape: UpdateShape, moves: list[Move], bandwidths: Bandwidths) -> UpdateEstimate:
+        estimate = cls()
+        for move in moves:
+            if move.kind is not None:
+                estimate.bytes[move.kind] = estimate.bytes.get(move.kind, 0) + move.nbytes
+            seconds = move.seconds(shape, bandwidths)
+            estimate.seconds[move.piece] = estimate.seconds.get(move.piece, 0.0) + seconds
+        return estimate
+
+
+@dataclass
+class Estimate:
+    """A recipe's state movement per update: a plain update, a checkpoint update, and the mean over a
+    checkpoint period (`checkpoint_every` − 1 plain updates and one checkpoint update)."""
+
+    shape: UpdateShape
+    plain: UpdateEstimate
+    checkpoint: UpdateEstimate
+    bandwidths: Bandwidths
+
+    @property
+    def every(self) -> int:
+        return self.shape.checkpoint_every if self.shape.resident else 1
+
+    def amortised_seconds(self) -> dict[str, float]:
+        pieces = set(self.plain.seconds) | set(self.checkpoint.seconds)
+        plain_share = (self.every - 1) / self.every
+        return {
+            piece: plain_share * self.plain.seconds.get(piece, 0.0)
+            + self.checkpoint.seconds.get(piece, 0.0) / self.every
+            for piece in sorted(pieces)
+        }
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.amortised_seconds().values())
+
+    def moved_bytes(self, update: UpdateEstimate) -> int:
+        """Bytes to and from the store and the node's disk (what a checkpoint's size is compared with)."""
+        return sum(
+            update.bytes.get(kind, 0) for kind in ("uploaded", "downloaded", "scratch", "handoff_file")
+        )
+
+
+def estimate(shape: UpdateShape, bandwidths: Bandwidths = STATED) -> Estimate:
+    plain = UpdateEstimate.of(shape, update_moves(shape, checkpoint=False), bandwidths)
+    full = UpdateEstimate.of(shape, update_moves(shape, checkpoint=True), bandwidths)
+    return Estimate(shape, plain, full, bandwidths)
