@@ -18,7 +18,7 @@ by kind (`model_vs_counted`, 1.0 where it reproduces them); then it is run at ea
 model's parameters (stated: the model cards'), bf16 weights, DeepSpeed's 12 bytes of optimizer state per
 parameter, 8 ranks on one node (the h200-node profile's driver), the recipe's mini-batches and
 `checkpoint_every`, vLLM's file hand-off — and its bytes turned into seconds at `Bandwidths` (stated, with
-sources, in spend_model.py), except sha256, whose rate this machine measures (one core); and again at a
+sources, in spend_model.py; the `before` label's sha256 rate was this machine's, measured), and again at a
 modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3). The counted
 seconds of this CPU run are kept beside, not scaled: the hardware differs in every rate. Writes the label
 into bench/results/overhead.json (the other labels kept).
@@ -27,7 +27,6 @@ into bench/results/overhead.json (the other labels kept).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -157,17 +156,6 @@ def model_bytes(shape: UpdateShape, *, checkpoint: bool) -> dict[str, int]:
     return out
 
 
-def measured_sha256_gbs(nbytes: int = 400_000_000) -> float:
-    """hashlib's sha256 on this machine, one core, GB/s (the best of 3 passes over `nbytes`)."""
-    data = os.urandom(1 << 20) * (nbytes >> 20)
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        hashlib.sha256(data).hexdigest()
-        best = min(best, time.perf_counter() - start)
-    return len(data) / best / 1e9
-
-
 def study_shape(name: str, parameters: int, tied: int) -> UpdateShape:
     """A study recipe under the resident executor on the h200-node profile (8 ranks, one node), as `probepo
     check` sees it."""
@@ -216,6 +204,7 @@ def measure(label: str) -> dict[str, Any]:
         minibatches=MINIBATCHES,
         checkpoint_every=EVERY,
         handoff="memory",
+        accelerator=False,
     )
     rows = {
         "start": counted(metrics, [0]),
@@ -230,8 +219,7 @@ def measure(label: str) -> dict[str, Any]:
     rows["checkpoint"]["uploaded_per_checkpoint"] = round(
         rows["checkpoint"]["uploaded_bytes"] / sizes.checkpoint, 3
     )
-    sha256 = measured_sha256_gbs()
-    bandwidths = replace(STATED, sha256=round(sha256, 2))
+    bandwidths = STATED
     return {
         "label": label,
         "date": datetime.now(UTC).date().isoformat(),
@@ -248,11 +236,11 @@ def measure(label: str) -> dict[str, Any]:
             "sizes": asdict(sizes) | {"checkpoint": sizes.checkpoint},
         },
         "counted": rows,
-        "bandwidths": asdict(bandwidths) | {"measured": ["sha256"]},
+        "bandwidths": asdict(bandwidths),
         "at_7b": at_7b(bandwidths),
         "at_7b_modest_site": {
-            "bandwidths": asdict(replace(MODEST_SITE, sha256=bandwidths.sha256)),
-            "recipes": at_7b(replace(MODEST_SITE, sha256=bandwidths.sha256)),
+            "bandwidths": asdict(MODEST_SITE),
+            "recipes": at_7b(MODEST_SITE),
         },
     }
 

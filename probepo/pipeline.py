@@ -40,6 +40,7 @@ from probepo.store import (
 )
 from probepo.store.lease import HolderEnded
 from probepo.store.lease import take_lease as store_take_lease
+from probepo.store.retention import prune_parts
 from probepo.store.store import differing_fields
 
 LEASE_TTL_S = 600.0
@@ -155,8 +156,10 @@ def train(
             summaries = {}
             for stage in _update_stages(config, update):
                 summaries[stage] = drive_stage(ctx, stage, runner, progress)
-                if stage == Stage.OPTIMIZE and _prunes_after(config, update, retention):
-                    retain_checkpoints(store, run_id, retention)
+                if stage == Stage.OPTIMIZE and _full_after(config, update):
+                    prune_parts(store, run_id, (update,))  # resume points of an optimize now committed
+                    if retention is not None and not retention.keeps_everything:
+                        retain_checkpoints(store, run_id, retention)
                 lease.check()
                 if flag.raised:  # a stage boundary is a safe point: everything so far is committed
                     metrics.log(update, summaries)
@@ -167,11 +170,10 @@ def train(
     return store.read_metrics(run_id)
 
 
-def _prunes_after(config: RunConfig, update: int, retention: Retention | None) -> bool:
-    """Whether retention has work once update k's optimize committed: only a new full checkpoint (policy
-    k + 1 with its optimizer state) changes what it keeps."""
-    full = full_checkpoint(update + 1, num_updates=config.num_updates, every=config.checkpoint_every)
-    return full and retention is not None and not retention.keeps_everything
+def _full_after(config: RunConfig, update: int) -> bool:
+    """Whether update k's optimize committed policy k + 1 in full (and its parts): only then has retention
+    work (a new full checkpoint changes what it keeps) and parts to prune."""
+    return full_checkpoint(update + 1, num_updates=config.num_updates, every=config.checkpoint_every)
 
 
 def _drive_in_a_job(

@@ -134,6 +134,12 @@ def timed(piece: Piece) -> Iterator[None]:
             spend._nested[-1] += elapsed
 
 
+def count_written(tensors: Iterable[Any]) -> None:
+    """A save's tensors, written as they are: those on an accelerator are copied to host memory on the way
+    (`host_copy`); host tensors are written without a copy."""
+    count("host_copy", tensor_bytes(t for t in tensors if t.device.type != "cpu"))
+
+
 def tensor_bytes(tensors: Iterable[Any]) -> int:
     """Bytes of a collection of tensors (anything with numel and element_size)."""
     return sum(int(t.numel()) * int(t.element_size()) for t in tensors)

@@ -42,9 +42,11 @@ class Bandwidths:
     device_to_host: float = 25.0
     """A GPU's tensors copied into new pageable host memory (`.cpu()`, `.clone()` of a CPU copy), per rank on
     its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about half)."""
-    sha256: float = 1.5
-    """sha256 on one CPU core with the SHA extensions (OpenSSL's hashlib): each rank hashes on its own core.
-    bench/overhead.py measures this machine's beside it."""
+    device_hash: float = 200.0
+    """The replay check's fingerprint (engines/fingerprint.py) over the weights where they are, per rank
+    (each hashes a share). Not measured (no GPU lent): each weight byte costs ~20 bytes of HBM traffic
+    (16-bit words widened to int64, multiplied, summed), so ~240 GB/s at the H200's 4.8 TB/s; we state
+    200. On this CPU it runs at ~0.1-0.2 GB/s."""
 
     def described(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name):g} GB/s" for f in fields(self))
@@ -111,6 +113,9 @@ class UpdateShape:
     (every update then a full checkpoint)."""
     handoff: Literal["file", "memory"] = "memory"
     """How a generator takes weights from a trainer (the engine's `handoff`: vLLM's is a file)."""
+    accelerator: bool = True
+    """The trainer's tensors live on GPUs: a save copies what it writes to host memory on the way (on a CPU
+    it writes them as they are)."""
     generation_stages: int = 1
     """Stages per update that build a generation engine in a job of their own (sample; probe where the
     method probes): what a per-stage executor downloads the weights for."""
@@ -122,12 +127,12 @@ class UpdateShape:
         return self.sizes.weights + self.sizes.other + round(self.sizes.optimizer * nodes_share)
 
     @property
-    def rank_state(self) -> int:
-        """The bytes one rank's `state()` copies to host: the full weights and its optimizer shard."""
-        return self.sizes.copied + self.sizes.optimizer // self.ranks
+    def rank0_writes(self) -> int:
+        """The tensor bytes rank 0 writes in a save: the weights (a tied head once), its optimizer shard."""
+        return self.sizes.weights + self.sizes.optimizer // self.ranks
 
 
-Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "sha256"]
+Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "device_hash"]
 
 
 @dataclass(frozen=True)
@@ -166,23 +171,19 @@ def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
                 Move("download", "scratch", weights_files, None),
                 Move("handoff", "handoff_file", shape.sizes.weights, "scratch_read", per_node=True),
             ]
-        for _ in ("score", "optimize"):  # restore_trainer: the full checkpoint, read back into the trainer
+        # score reads policy k's weights alone (scoring_engine), optimize the node's share of the checkpoint
+        for fetched in (weights_files, node):
             moves += [
-                Move("download", "downloaded", node, "s3"),
-                Move("download", "scratch", node, None),
-                Move("load", None, node, "scratch_read"),
+                Move("download", "downloaded", fetched, "s3"),
+                Move("download", "scratch", fetched, None),
+                Move("load", None, fetched, "scratch_read"),
             ]
     if not (checkpoint or not shape.resident):
-        # optimize: weights_digest(engine.weights()): a host copy, then tobytes' copy, hashed
-        return [
-            *moves,
-            Move("digest", "host_copy", w, "device_to_host"),
-            Move("digest", "host_copy", w, "device_to_host"),
-            Move("digest", None, w, "sha256"),
-        ]
+        # optimize: the weights' fingerprint, each rank hashing its share where the weights are
+        return [*moves, Move("digest", None, w // shape.ranks, "device_hash")]
     for _ in range(shape.minibatches):  # a part after every mini-batch but the last, then the checkpoint
         moves += [
-            Move("save", "host_copy", shape.rank_state, "device_to_host"),
+            Move("save", "host_copy", shape.rank0_writes if shape.accelerator else 0, "device_to_host"),
             Move("save", "scratch", node, "scratch_write"),
             Move("commit", "uploaded", node, "s3"),
         ]

@@ -20,10 +20,12 @@ def recipe_shape(
     the model, `tied` of them a tied LM head's)."""
     chosen = executor_for(executor)
     model = config.model
-    ranks, per_node = 1, 1
-    if not chosen.in_process and model.trainer == "deepspeed":  # the hf trainer holds everything on one rank
+    ranks, per_node, gpus = 1, 1, False  # in process: where the testbeds run, on this machine's CPU
+    if not chosen.in_process:
         resources = profile.resources(Stage.DRIVER if Stage.DRIVER in chosen.stages else Stage.OPTIMIZE)
-        ranks, per_node = resources.nodes * resources.tasks_per_node, resources.tasks_per_node
+        gpus = bool(resources.gpus_per_node or resources.gpus_per_task)
+        if model.trainer == "deepspeed":  # the hf trainer holds everything on one rank
+            ranks, per_node = resources.nodes * resources.tasks_per_node, resources.tasks_per_node
     responses = config.prompts_per_update * config.group_size
     probes = method_for(config.algo.algorithm).pivots is not no_pivots
     return UpdateShape(
@@ -34,6 +36,7 @@ def recipe_shape(
         checkpoint_every=config.checkpoint_every,
         resident=chosen.resident,
         handoff="file" if model.generator == "vllm" else "memory",
+        accelerator=gpus,
         generation_stages=2 if probes else 1,
     )
 

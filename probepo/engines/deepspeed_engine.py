@@ -35,6 +35,7 @@ from torch import Tensor
 
 from probepo import distributed, spend
 from probepo.engines.base import TrainBatch, TrainerState
+from probepo.engines.fingerprint import weights_fingerprint
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
 from probepo.schedule import optimizer_shard_name
@@ -160,6 +161,13 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         spend.count("host_copy", spend.tensor_bytes(copy.values()))
         return copy
 
+    def weights_fingerprint(self) -> str:
+        """Under ZeRO-3 each parameter gathered in turn from its partitions (all ranks together)."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), enabled=self.zero_stage == 3):
+            return weights_fingerprint(self.model.state_dict().items())
+
     def state(self) -> TrainerState:
         """This rank's state: the full weights (`model.<name>`), its optimizer shard (`optim.<path>`), and
         metadata with the shard's layout (`layout`); copies."""
@@ -203,28 +211,37 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
             )
 
     def save(self, directory: str | Path) -> None:
-        """Rank 0: the Hugging Face folder (config, gathered weights, tokenizer) and trainer.json; every
-        rank: its optimizer shard and layout. Collective: all ranks call it, with the same (node-local,
-        shared) directory, and it returns once every file is written."""
+        """Rank 0: the Hugging Face folder (config, weights, tokenizer) and trainer.json; every rank: its
+        optimizer shard and layout. Each rank copies to host only what it writes, tensor by tensor as it
+        writes them (under ZeRO-3 the weights are gathered on every rank, written by rank 0). Collective:
+        all ranks call it, with the same (node-local, shared) directory, and it returns once every file is
+        written."""
+        import deepspeed
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        state = self.state()
+        gathered = deepspeed.zero.GatheredParameters(
+            list(self.model.parameters()), enabled=self.zero_stage == 3
+        )
+        with gathered:
+            if distributed.rank() == 0:
+                tied = _tied_duplicates(self.model)  # a checkpoint holds each parameter once
+                weights = {k: v.detach() for k, v in self.model.state_dict().items() if k not in tied}
+                self.model.save_pretrained(directory, state_dict=weights)
+                spend.count_written(weights.values())
         if distributed.rank() == 0:
-            tied = _tied_duplicates(self.model)  # gathered copies no longer share storage: drop them by name
-            weights = {
-                k[len("model.") :]: v
-                for k, v in state.tensors.items()
-                if k.startswith("model.") and k[len("model.") :] not in tied
-            }
-            self.model.save_pretrained(directory, state_dict=weights)
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(directory)
             (directory / TRAINER_FILE).write_text(json.dumps(self._meta(), indent=2) + "\n")
         if self.optimizer_steps:  # a fresh optimizer (checkpoint 0) has no state: any ranks may start from it
             stem = optimizer_shard_name(distributed.rank(), distributed.world_size())
-            shard = {k: v.contiguous() for k, v in state.tensors.items() if k.startswith("optim.")}
-            save_file(shard, directory / f"{stem}.safetensors")
-            (directory / f"{stem}.json").write_text(json.dumps(state.meta["layout"]) + "\n")
+            shard, layout = _flatten(self.ds_optimizer.state_dict())
+            save_file(
+                {f"optim.{k}": v.detach().cpu().contiguous() for k, v in shard.items()},
+                directory / f"{stem}.safetensors",
+            )
+            spend.count_written(shard.values())
+            (directory / f"{stem}.json").write_text(json.dumps(layout) + "\n")
         distributed.barrier()
 
     def load(self, directory: str | Path) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,6 +19,7 @@ from probepo import spend
 from probepo.algo.loss import ppo_clip_loss
 from probepo.config import AlgoConfig, OptimConfig
 from probepo.engines.base import MinibatchCallback, TrainBatch, TrainerState
+from probepo.engines.fingerprint import weights_fingerprint
 from probepo.engines.packing import response_logits, token_logp_entropy
 from probepo.models.gpt import GPT, load_model, save_model
 from probepo.schedule import OPTIMIZER_STATE_PREFIX
@@ -202,19 +204,34 @@ class TorchTrainerEngine:
         spend.count("host_copy", spend.tensor_bytes(copy.values()))
         return copy
 
+    def weights_fingerprint(self) -> str:
+        return weights_fingerprint(self.model.state_dict().items())
+
     def state(self) -> TrainerState:
         """Model weights (`model.<name>`), AdamW moments and step counts (`optim.<param>.<key>`), and
         metadata; copies, so later steps don't change them."""
         tensors = {f"model.{k}": v for k, v in self.weights().items()}
+        optimizer = self.optimizer_tensors()
+        tensors.update({k: v.detach().clone() for k, v in optimizer.items()})
+        spend.count("host_copy", spend.tensor_bytes(optimizer.values()))
+        return TrainerState(tensors=tensors, meta=self.meta())
+
+    def optimizer_tensors(self) -> dict[str, Tensor]:
+        """AdamW's moments and step counts as `optim.<param>.<key>`: the optimizer's own tensors, not copies
+        (what a save writes as they are)."""
         names = [name for name, _ in self.model.named_parameters()]
-        saved = self.optimizer.state_dict()
-        for index, entries in saved["state"].items():
-            for key, value in entries.items():
-                tensors[f"optim.{names[index]}.{key}"] = value.detach().clone()
-                spend.count("host_copy", spend.tensor_bytes([value]))
-        hyper = {k: v for k, v in saved["param_groups"][0].items() if k != "params"}
-        meta = {"optimizer": "AdamW", "optimizer_steps": self.optimizer_steps, "hyperparameters": hyper}
-        return TrainerState(tensors=tensors, meta=meta)
+        saved = self.optimizer.state_dict()["state"]
+        return {
+            f"optim.{names[index]}.{key}": value.detach()
+            for index, entries in saved.items()
+            for key, value in entries.items()
+        }
+
+    def meta(self) -> dict[str, Any]:
+        """trainer.json: the optimizer, its step count and hyperparameters."""
+        group = self.optimizer.state_dict()["param_groups"][0]
+        hyper = {k: v for k, v in group.items() if k != "params"}
+        return {"optimizer": "AdamW", "optimizer_steps": self.optimizer_steps, "hyperparameters": hyper}
 
     def load_state(self, state: TrainerState) -> None:
         """Restores weights, AdamW moments and step counts (hyperparameters stay this engine's config)."""
@@ -237,12 +254,10 @@ class TorchTrainerEngine:
         """model.safetensors + config.json (the policy), optimizer.safetensors + trainer.json (the rest)."""
         directory = Path(directory)
         save_model(self.model, directory)
-        state = self.state()
-        save_file(
-            {k: v.contiguous() for k, v in state.tensors.items() if k.startswith("optim.")},
-            directory / OPTIMIZER_FILE,
-        )
-        (directory / TRAINER_FILE).write_text(json.dumps(state.meta, indent=2) + "\n")
+        optimizer = self.optimizer_tensors()
+        save_file({k: v.contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
+        spend.count_written([*self.model.state_dict().values(), *optimizer.values()])
+        (directory / TRAINER_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
 
     def load(self, directory: str | Path) -> None:
         """Restores what `save` wrote (the model config must match this engine's model)."""

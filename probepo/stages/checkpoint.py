@@ -13,7 +13,7 @@ from probepo.models.gpt import load_model
 from probepo.schedule import Stage
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
-from probepo.stages.policy import keep_trainer, model_dtype, new_trainer, save_trainer
+from probepo.stages.policy import keep_trainer, model_dtype, new_trainer, saved_trainer
 
 STAGE = Stage.CHECKPOINT
 
@@ -42,5 +42,6 @@ def _from_pretrained(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
 
 def run(ctx: StageContext) -> None:
     engine, summary = _from_pretrained(ctx) if ctx.config.model.kind == "hf" else _from_warmup(ctx)
-    ctx.commit(STAGE, save_trainer(ctx, engine, ctx.scratch / "policy-000000"), summary)
+    with saved_trainer(ctx, engine, ctx.scratch / "policy-000000") as files:
+        ctx.commit(STAGE, files, summary)
     keep_trainer(ctx, engine, 0)

@@ -6,7 +6,7 @@ but the last the trainer state is committed as a sub-stage `optimize.part-NNNN`,
 the optimizer resumes from the next mini-batch and ends bitwise identical, and a run killed after the
 checkpoint but before the summary commits only the summary on resume.
 
-Otherwise only the summary is committed, with the digest of the new weights; policy k + 1 stays in the
+Otherwise only the summary is committed, with the fingerprint of the new weights; policy k + 1 stays in the
 resident trainer, and a resumed run rebuilds it by replay (policy.py). A preemption inside such an update
 commits nothing: its optimize reruns whole (it is cheap next to the generation it does not repeat).
 """
@@ -20,20 +20,20 @@ from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
 from probepo.stages.context import StageContext
 from probepo.stages.policy import (
-    DIGEST,
+    FINGERPRINT,
     fetch_policy,
     keep_trainer,
     load_trainer,
-    save_trainer,
+    saved_trainer,
     trainer_engine,
-    weights_digest,
 )
+from probepo.store.retention import PART_PREFIX, holds, is_part
 
 STAGE = Stage.OPTIMIZE
 
 
 def part_name(minibatch: int) -> str:
-    return f"{STAGE}.part-{minibatch:04d}"
+    return f"{PART_PREFIX}{minibatch:04d}"
 
 
 def _metrics(part_summary: dict) -> dict[str, float]:
@@ -51,10 +51,14 @@ def run(ctx: StageContext) -> None:
     full = full_checkpoint(ctx.update + 1, num_updates=cfg.num_updates, every=cfg.checkpoint_every)
     batch = training_batch(ctx)
     seed = ctx.seed(STAGE)
-    done = sorted(
-        s for s in ctx.store.committed_stages(ctx.run_id, ctx.update) if s.startswith(f"{STAGE}.part-")
-    )
-    history = [_metrics(ctx.store.marker(ctx.run_id, ctx.update, s)["summary"]) for s in done]
+    parts = {
+        s: ctx.store.marker(ctx.run_id, ctx.update, s)
+        for s in ctx.store.committed_stages(ctx.run_id, ctx.update)
+        if is_part(s)
+    }
+    # a part retention pruned (its optimize had committed, then was invalidated) holds nothing to resume from
+    done = sorted(s for s, marker in parts.items() if marker is not None and holds(marker) == "full")
+    history = [_metrics(parts[s]["summary"]) for s in done]
     start = len(done)
     engine = load_trainer(ctx, fetch_policy(ctx, done[-1])) if done else trainer_engine(ctx)
     keep_trainer(ctx, None, -1)  # changed in place from here on: resident again once it holds policy k + 1
@@ -65,10 +69,12 @@ def run(ctx: StageContext) -> None:
         history.append(metrics)
         if index == n_minibatches - 1:
             return  # the last mini-batch's state is the stage's own commit
-        if full:
-            ctx.commit(part_name(index), save_trainer(ctx, engine, ctx.scratch / part_name(index)), metrics)
+        committing = full and part_name(index) not in parts  # a pruned part's record stays: none replaces it
+        if committing:
+            with saved_trainer(ctx, engine, ctx.scratch / part_name(index)) as files:
+                ctx.commit(part_name(index), files, metrics)
         if ctx.should_stop():
-            kept = "progress committed" if full else "nothing committed: the update's optimize reruns"
+            kept = "progress committed" if committing else "nothing committed: the update's optimize reruns"
             raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
 
     with spend.timed("optimizer"):  # the parts' saves and commits inside count as theirs
@@ -76,9 +82,11 @@ def run(ctx: StageContext) -> None:
     ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
     summary = {**combine_metrics(history), "minibatches": len(history)}
     if full:
-        files = save_trainer(ctx, engine, ctx.scratch / f"policy-{ctx.update + 1:06d}")
-        ctx.commit(Stage.CHECKPOINT, files, summary, update=ctx.update + 1)
+        with saved_trainer(ctx, engine, ctx.scratch / f"policy-{ctx.update + 1:06d}") as files:
+            ctx.commit(Stage.CHECKPOINT, files, summary, update=ctx.update + 1)
         ctx.commit(STAGE, {}, summary)
     else:
-        ctx.commit(STAGE, {}, {**summary, DIGEST: weights_digest(engine.weights())})
+        with spend.timed("digest"):
+            fingerprint = engine.weights_fingerprint()
+        ctx.commit(STAGE, {}, {**summary, FINGERPRINT: fingerprint})
     keep_trainer(ctx, engine, ctx.update + 1)

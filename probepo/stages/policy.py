@@ -13,10 +13,13 @@ and logged, not fatal: the run goes on, no longer bitwise the uninterrupted one)
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import logging
+import shutil
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,16 +33,18 @@ from probepo.devices import check_fits_one_gpu, torch_device, weights_bytes
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
-from probepo.models.gpt import GPT
+from probepo.models.gpt import GPT, load_model
 from probepo.schedule import Stage, is_optimizer_state, optimizer_shard_rank
 from probepo.stages.batch import training_batch
 from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.store.retention import holds
 
-DIGEST = "policy_sha256"
-"""The key of optimize's summary holding the digest of the weights it made (updates without a full
+FINGERPRINT = "policy_fingerprint"
+"""The key of optimize's summary holding the fingerprint of the weights it made (updates without a full
 checkpoint): what a replay must reproduce."""
+LEGACY_DIGEST = "policy_sha256"
+"""What stores written before the fingerprint committed instead: the sha256 of a host copy of the weights."""
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +57,8 @@ class ResidentEngines:
     """(store URL, run id) of the run they belong to; another run's stages start afresh."""
     trainer: TrainerEngine | None = None
     trainer_policy: int = -1
+    trainer_trains: bool = True
+    """The resident trainer holds its optimizer state (False: loaded with the weights alone, for scoring)."""
     generator: GenerationEngine | None = None
     generator_policy: int = -1
 
@@ -65,6 +72,7 @@ class ResidentEngines:
         """Forget every engine (after a stage failed: it may have changed one half-way)."""
         self.owner, self.trainer, self.generator = None, None, None
         self.trainer_policy = self.generator_policy = -1
+        self.trainer_trains = True
 
 
 def at_update(ctx: StageContext, update: int) -> StageContext:
@@ -134,7 +142,8 @@ def has_weights(ctx: StageContext) -> bool:
 
 
 def weights_digest(weights: dict[str, Tensor]) -> str:
-    """sha256 over the weights' names, dtypes, shapes and bytes (in name order): equal iff bitwise equal."""
+    """sha256 over the weights' names, dtypes, shapes and bytes (in name order): equal iff bitwise equal.
+    The replay check of stores written before `weights_fingerprint` (LEGACY_DIGEST)."""
     digest = hashlib.sha256()
     with spend.timed("digest"):
         for name in sorted(weights):
@@ -175,20 +184,21 @@ def new_trainer(ctx: StageContext, model: Any, tokenizer: Any = None) -> Trainer
     return TorchTrainerEngine(model, cfg.optim, cfg.algo, **settings)
 
 
-def load_trainer(ctx: StageContext, folder: Path) -> TrainerEngine:
-    """A trainer engine on the policy saved in `folder`, optimizer state included."""
+def load_trainer(ctx: StageContext, folder: Path, *, optimizer_state: bool = True) -> TrainerEngine:
+    """A trainer engine on the policy saved in `folder`, its optimizer state included; without
+    `optimizer_state` (scoring) the weights alone under a fresh optimizer, which must not train."""
     model = ctx.config.model
-    if model.kind == "hf":
-        from probepo.engines.hf import load_policy
-
-        # DeepSpeed places (and under ZeRO-3 partitions) the model on this rank's device itself
-        device = "cpu" if model.trainer == "deepspeed" else torch_device()
-        with spend.timed("load"):
-            engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
-    else:
-        engine = new_trainer(ctx, GPT(model))
     with spend.timed("load"):
-        engine.load(folder)
+        if model.kind == "hf":
+            from probepo.engines.hf import load_policy
+
+            # DeepSpeed places (and under ZeRO-3 partitions) the model on this rank's device itself
+            device = "cpu" if model.trainer == "deepspeed" else torch_device()
+            engine = new_trainer(ctx, *load_policy(folder, dtype=model_dtype(model), device=device))
+        else:
+            engine = new_trainer(ctx, GPT(model) if optimizer_state else load_model(folder))
+        if optimizer_state:
+            engine.load(folder)
     return engine
 
 
@@ -201,14 +211,24 @@ def replay_optimize(ctx: StageContext, engine: TrainerEngine) -> bool:
             f"policy {ctx.update + 1} of run {ctx.run_id} does not exist: the run has not committed update"
             f" {ctx.update}'s optimize stage"
         )
-    if DIGEST not in marker["summary"]:
+    summary = marker["summary"]
+    if FINGERPRINT not in summary and LEGACY_DIGEST not in summary:
         raise RuntimeError(
             f"policy {ctx.update + 1} of run {ctx.run_id} cannot be restored: its checkpoint is missing and"
             f" update {ctx.update}'s optimize stage committed no weight digest to replay it against"
         )
     with spend.timed("optimizer"):
         engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
-    return weights_digest(engine.weights()) == marker["summary"][DIGEST]
+    return matches_committed(engine, summary)
+
+
+def matches_committed(engine: TrainerEngine, summary: Mapping[str, Any]) -> bool:
+    """Whether `engine` holds the weights an optimize summary committed: by their fingerprint, or in a store
+    written before fingerprints by the sha256 of a host copy (`policy_sha256`)."""
+    if FINGERPRINT in summary:
+        with spend.timed("digest"):
+            return engine.weights_fingerprint() == summary[FINGERPRINT]
+    return weights_digest(engine.weights()) == summary[LEGACY_DIGEST]
 
 
 def restore_trainer(ctx: StageContext) -> TrainerEngine:
@@ -250,20 +270,44 @@ def trainer_engine(ctx: StageContext) -> TrainerEngine:
     engines = ctx.engines
     if engines is not None:
         engines.claim(ctx)
-        if engines.trainer is not None and engines.trainer_policy == ctx.update:
+        if engines.trainer is not None and engines.trainer_policy == ctx.update and engines.trainer_trains:
             return engines.trainer
+        if not engines.trainer_trains:  # a scoring engine's memory goes before the full trainer's comes
+            keep_trainer(ctx, None, -1)
+            gc.collect()
     engine = restore_trainer(ctx)
     keep_trainer(ctx, engine, ctx.update)
     return engine
 
 
-def keep_trainer(ctx: StageContext, engine: TrainerEngine | None, policy: int) -> None:
-    """Make `engine` (on policy `policy`) the resident trainer, if the runner keeps engines; None drops it
-    (optimize changes the trainer in place: until it has made policy k + 1 the engine holds neither)."""
+def scoring_engine(ctx: StageContext) -> TrainerEngine:
+    """A trainer engine on policy k for a forward pass: the resident one when it holds policy k; else,
+    where policy k's weights are committed, one on those weights alone (the optimizer state, ~6x the
+    weights at 7B, is not fetched; kept resident as one that does not train: optimize replaces it); else
+    the full trainer by replay (`trainer_engine`)."""
+    engines = ctx.engines
+    if engines is not None:
+        engines.claim(ctx)
+        if engines.trainer is not None and engines.trainer_policy == ctx.update:
+            return engines.trainer
+    if not has_weights(ctx):
+        return trainer_engine(ctx)
+    engine = load_trainer(ctx, fetch_policy(ctx, optimizer_state=False), optimizer_state=False)
+    keep_trainer(ctx, engine, ctx.update, trains=False)
+    return engine
+
+
+def keep_trainer(
+    ctx: StageContext, engine: TrainerEngine | None, policy: int, *, trains: bool = True
+) -> None:
+    """Make `engine` (on policy `policy`; `trains`: with its optimizer state) the resident trainer, if the
+    runner keeps engines; None drops it (optimize changes the trainer in place: until it has made policy
+    k + 1 the engine holds neither)."""
     engines = ctx.engines
     if engines is not None:
         engines.claim(ctx)
         engines.trainer, engines.trainer_policy = engine, policy if engine is not None else -1
+        engines.trainer_trains = trains
 
 
 def generation_engine(ctx: StageContext) -> GenerationEngine:
@@ -342,14 +386,22 @@ def hand_off(generator: GenerationEngine, weights: Path | dict[str, Tensor]) -> 
         )
 
 
-def save_trainer(ctx: StageContext, engine: TrainerEngine, folder: Path) -> dict[str, Path]:
-    """The trainer's state saved into `folder` of the scratch, counted; returns the files to commit."""
-    with spend.timed("save"):
-        engine.save(folder)
-    files = policy_files(folder)
-    spend.count("scratch", sum(path.stat().st_size for path in files.values()))
-    note_scratch(ctx)
-    return files
+@contextmanager
+def saved_trainer(ctx: StageContext, engine: TrainerEngine, folder: Path) -> Iterator[dict[str, Path]]:
+    """The trainer's state saved into `folder` of the scratch, counted: the files for the block to commit.
+    The folder goes after the block (its node's leader removes it): nothing reads a saved state back from
+    scratch (a later stage takes it from the resident engine or the store), so a node's scratch holds one
+    save at a time, not every part and checkpoint of a job."""
+    try:
+        with spend.timed("save"):
+            engine.save(folder)
+        files = policy_files(folder)
+        spend.count("scratch", sum(path.stat().st_size for path in files.values()))
+        note_scratch(ctx)
+        yield files
+    finally:
+        if distributed.is_node_leader():
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def note_scratch(ctx: StageContext) -> None:

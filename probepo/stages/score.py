@@ -9,7 +9,7 @@ from probepo.schedule import Stage
 from probepo.stages.batch import training_rows
 from probepo.stages.common import SCORES, Rollouts
 from probepo.stages.context import StageContext
-from probepo.stages.policy import trainer_engine
+from probepo.stages.policy import scoring_engine
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = Stage.SCORE
@@ -17,7 +17,7 @@ STAGE = Stage.SCORE
 
 def run(ctx: StageContext) -> None:
     rows = training_rows(ctx, Rollouts.read(ctx))
-    engine = trainer_engine(ctx)
+    engine = scoring_engine(ctx)
     with spend.timed("scoring"):
         logp, entropy, mask = engine.score(rows.prompts, rows.responses)
     summary = {

@@ -20,7 +20,7 @@ from probepo.store import ArtifactStore, LeaseHeld, Ledger, StoreError, open_sto
 from probepo.store.formats import format_bytes
 from probepo.store.lease import take_lease
 from probepo.store.maintenance import DEFAULT_GC_MIN_AGE_S
-from probepo.store.retention import sweep_pruned
+from probepo.store.retention import prune_parts, sweep_pruned
 
 DEFAULT_STORE_URL = "./store"
 GC_LEASE_TTL_S = 600.0
@@ -251,6 +251,12 @@ def _prune_checkpoints(
     report = retain_checkpoints(store, run, retention, dry_run=dry_run)
     verb = "would prune" if dry_run else "pruned"
     lines = [f"{verb} checkpoint {update}: {_HOLDS[held]}" for update, held in report.pruned.items()]
+    parts = prune_parts(store, run, dry_run=dry_run)
+    if parts.pruned:
+        lines.append(
+            f"{verb} the optimizer parts of {len(parts.pruned)} committed update(s),"
+            f" {format_bytes(parts.freed_bytes)} freed"
+        )
     swept = 0 if dry_run else sweep_pruned(store, run)
     lines.append(
         f"{verb} {len(report.pruned)} checkpoint(s), {format_bytes(report.freed_bytes)} freed;"

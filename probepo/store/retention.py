@@ -1,5 +1,6 @@
 """Checkpoint retention: deleting the optimizer state, then the weights, of full checkpoints a run no
-longer needs (probepo.config.retention.Retention says which).
+longer needs (probepo.config.retention.Retention says which), and the optimizer's parts of every update
+whose optimize is committed (`prune_parts`: nothing reads them then).
 
 A checkpoint's marker says what it still holds. Pruning first replaces the marker (a conditional write on
 its current version) with one whose `files` lists only what is kept and whose `pruned` names what went,
@@ -131,17 +132,14 @@ def _prune(
     }
     if dry_run:
         return freed, updated
-    layout = RunLayout(run_id)
-    key = layout.marker(update, Stage.CHECKPOINT)
+    stage = marker["stage"]
+    key = RunLayout(run_id).marker(update, stage)
     current = store.objects.get_versioned(key)
-    if current is None or store.parse_marker(current.data, run_id, update, Stage.CHECKPOINT) != marker:
-        raise StoreError(
-            f"the marker of checkpoint {update} of run {run_id!r} changed while pruning it: run again"
-        )
+    changed = f"the marker of {stage} {update} of run {run_id!r} changed while pruning it: run again"
+    if current is None or store.parse_marker(current.data, run_id, update, stage) != marker:
+        raise StoreError(changed)
     if store.objects.put_if_match(key, to_json_bytes(updated), current.etag) is None:
-        raise StoreError(
-            f"the marker of checkpoint {update} of run {run_id!r} changed while pruning it: run again"
-        )
+        raise StoreError(changed)
     _delete(store, updated, drop)
     return freed, updated
 
@@ -149,19 +147,68 @@ def _prune(
 def _delete(store: ArtifactStore, marker: Mapping[str, Any], names: Iterable[str]) -> None:
     layout = RunLayout(marker["run_id"])
     for name in names:
-        store.objects.delete(layout.data_key(marker["update"], Stage.CHECKPOINT, marker["attempt"], name))
+        store.objects.delete(layout.data_key(marker["update"], marker["stage"], marker["attempt"], name))
+
+
+PART_PREFIX = f"{Stage.OPTIMIZE}.part-"
+"""The optimizer's parts of an update (`optimize.part-NNNN`): its trainer state after a mini-batch, where a
+stopped optimize resumes."""
+
+
+def is_part(stage: str) -> bool:
+    return stage.startswith(PART_PREFIX)
+
+
+def prune_parts(
+    store: ArtifactStore,
+    run_id: str,
+    updates: Iterable[int] | None = None,
+    *,
+    entries: Mapping[int, list[str]] | None = None,
+    dry_run: bool = False,
+) -> RetentionReport:
+    """Delete the files of the optimizer's parts of `updates` (None: every update) whose optimize and
+    checkpoint k + 1 are committed: no stage reads them again. Each part's marker is rewritten first (the
+    record of its commit stays, `pruned` naming its files), then its files go; `pruned` reports each
+    update's parts as "record"."""
+    entries = store.ledger_entries(run_id) if entries is None else entries
+    report = RetentionReport()
+    for update in sorted(entries if updates is None else updates):
+        stages = entries.get(update, [])
+        done = Stage.OPTIMIZE in stages and Stage.CHECKPOINT in entries.get(update + 1, [])
+        for part in (p for p in stages if is_part(p)) if done else ():
+            marker = store.marker(run_id, update, part)
+            if marker is not None and marker["files"]:
+                freed, _ = _prune(store, marker, "record", dry_run=dry_run)
+                report.freed_bytes += freed
+                report.pruned[update] = "record"
+    if report.pruned and not dry_run:
+        log.info(
+            "run %s: optimizer parts of updates %s pruned, %d bytes freed",
+            run_id,
+            sorted(report.pruned),
+            report.freed_bytes,
+        )
+    return report
 
 
 def sweep_pruned(store: ArtifactStore, run_id: str) -> int:
-    """Delete the files pruned checkpoints no longer list but that a pruner stopped between its two steps
-    left behind; returns how many there were."""
+    """Delete the files pruned checkpoints and parts no longer list but that a pruner stopped between its
+    two steps left behind; returns how many there were."""
     swept = 0
     layout = RunLayout(run_id)
-    for update, marker in checkpoint_markers(store, run_id).items():
+    entries = store.ledger_entries(run_id)
+    pruned = [
+        marker
+        for update, stages in entries.items()
+        for stage in stages
+        if (stage == Stage.CHECKPOINT or is_part(stage)) and (marker := store.marker(run_id, update, stage))
+    ]
+    for marker in pruned:
         gone = (marker.get("pruned") or {}).get("files", {})
         if not gone:
             continue
-        folder = layout.attempt_dir(update, Stage.CHECKPOINT, marker["attempt"])
+        folder = layout.attempt_dir(marker["update"], marker["stage"], marker["attempt"])
         present = {info.key[len(folder) :] for info in store.objects.list(folder)}
         left = [name for name in gone if name in present]
         _delete(store, marker, left)

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from safetensors.torch import load
 
 from probepo import execution, spend
 from probepo.engines.sampler import TorchGenerationEngine
@@ -23,7 +24,7 @@ from probepo.execution import StageRequest
 from probepo.pipeline import train
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
-from probepo.stages.policy import DIGEST
+from probepo.stages.policy import FINGERPRINT, LEGACY_DIGEST, weights_digest
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, train_cli
 
@@ -45,7 +46,7 @@ def test_only_every_third_policy_is_committed_in_full_and_the_bits_do_not_change
     assert [u for u, stages in entries.items() if "checkpoint" in stages] == FULL
     for update in range(LONG_UPDATES):
         summary = warm_store.marker("every-3", update, "optimize")["summary"]
-        assert (DIGEST in summary) == (update + 1 not in FULL)
+        assert (FINGERPRINT in summary) == (update + 1 not in FULL)
     assert final_checkpoint(warm_store, "every-3") == every_update_reference
 
     # The metrics are those of the run that checkpoints every update (digests, timings and spend aside).
@@ -54,7 +55,7 @@ def test_only_every_third_policy_is_committed_in_full_and_the_bits_do_not_change
             {
                 k: v
                 for k, v in m.items()
-                if "wall_s" not in k and not k.endswith(DIGEST) and not spend.is_spend_metric(k)
+                if "wall_s" not in k and not k.endswith(FINGERPRINT) and not spend.is_spend_metric(k)
             }
             for m in warm_store.read_metrics(run_id)
         ]
@@ -119,22 +120,48 @@ def test_killed_between_full_checkpoints_replays_without_generating(
     assert notes == [replayed]  # one stage restored the policy; the others had it resident
 
 
+def _killed_with_optimize_1_summary(
+    store: ArtifactStore, tmp_path: Path, run_id: str, fields: dict, drop: str | None = None
+) -> None:
+    """Kill an every-3 run at update 2's score (policy 2 only in memory), then rewrite update 1's optimize
+    summary: `fields` set, `drop` removed."""
+    _kill_cli(store, tmp_path, run_id, "2:score:before-commit")
+    marker = Path(store.url) / "runs" / run_id / "ledger" / "000001" / "optimize.json"
+    record = json.loads(marker.read_text())
+    record["summary"].pop(drop, None)
+    record["summary"].update(fields)
+    marker.write_text(json.dumps(record))
+
+
 @pytest.mark.integration
 def test_a_replay_that_does_not_reproduce_the_committed_weights_is_recorded_and_the_run_goes_on(
     warm_store, tmp_path, caplog
 ):
     run_id = "every-3-diverged"
-    _kill_cli(warm_store, tmp_path, run_id, "2:score:before-commit")
-    marker = Path(warm_store.url) / "runs" / run_id / "ledger" / "000001" / "optimize.json"
-    record = json.loads(marker.read_text())
-    record["summary"][DIGEST] = "0" * 64  # as if update 1 had been computed on another device
-    marker.write_text(json.dumps(record))
+    # as if update 1 had been computed on another device
+    _killed_with_optimize_1_summary(warm_store, tmp_path, run_id, {FINGERPRINT: "0" * 16})
     with caplog.at_level(logging.WARNING, logger="probepo.stages.policy"):
         train(every_config(3), run_id, store=warm_store)
     [replay] = [a for a in warm_store.attempts(run_id) if a.get("replayed_updates")]
     assert replay["replayed_updates"] == 2 and replay["replay_diverged"] == [1]
     assert f"run {run_id}: replaying optimize of updates [1] did not reproduce" in caplog.text
     assert warm_store.committed(run_id, LONG_UPDATES, "checkpoint")
+
+
+@pytest.mark.integration
+def test_a_store_written_before_fingerprints_still_replays_against_its_sha256(
+    warm_store, every_update_reference, tmp_path
+):
+    """Optimize summaries committed with `policy_sha256` (the sha256 of a host copy) are checked as before."""
+    run_id = "every-3-legacy"
+    policy_2 = load(warm_store.read_stage("every-1", 2, "checkpoint")["model.safetensors"])
+    _killed_with_optimize_1_summary(
+        warm_store, tmp_path, run_id, {LEGACY_DIGEST: weights_digest(policy_2)}, drop=FINGERPRINT
+    )
+    train(every_config(3), run_id, store=warm_store)
+    [replay] = [a for a in warm_store.attempts(run_id) if a.get("replayed_updates")]
+    assert replay["replayed_updates"] == 2 and "replay_diverged" not in replay
+    assert final_checkpoint(warm_store, run_id) == every_update_reference
 
 
 class PerStageJobs:

@@ -12,7 +12,8 @@ import yaml
 from probepo.config import CheckpointSelection, Retention
 from probepo.evaluations import missing, retain_checkpoints
 from probepo.pipeline import train
-from probepo.store.retention import holds, plan_retention
+from probepo.store.keys import RunLayout
+from probepo.store.retention import holds, is_part, plan_retention, prune_parts
 from tests.pipeline.conftest import FINAL_FILES, tiny_config, train_cli
 
 UPDATES = 10
@@ -90,3 +91,30 @@ def test_weights_the_nightly_has_still_to_evaluate_are_kept_unless_told(warm_sto
     pruned = retain_checkpoints(warm_store, "retain-pending", latest_only).pruned
     assert pruned == {0: "weights", 1: "record", 2: "record", 3: "record"}  # the nightly reads only 4
     assert warm_store.verify("retain-pending").problems == []
+
+
+def test_an_updates_optimizer_parts_go_once_its_optimize_and_checkpoint_are_committed(warm_store):
+    """Parts (the optimizer's resume points) are pruned by the driver after each committed optimize, the
+    marker rewritten first; `store verify` passes; a pruned part is never loaded (an optimize invalidated
+    with its checkpoint runs its optimizer whole) and the run ends bitwise as before."""
+    config = tiny_config("probepo")  # 3 mini-batches: 2 parts an update
+    train(config, "parts", store=warm_store)
+    layout = RunLayout("parts")
+    for update in range(config.num_updates):
+        parts = [s for s in warm_store.committed_stages("parts", update) if is_part(s)]
+        assert len(parts) == 2
+        for part in parts:
+            marker = warm_store.marker("parts", update, part)
+            assert marker["files"] == {} and marker["pruned"]["kept"] == "record"
+            folder = layout.attempt_dir(update, part, marker["attempt"])
+            gone = set(marker["pruned"]["files"])
+            assert gone and not {info.key[len(folder) :] for info in warm_store.objects.list(folder)} & gone
+    assert prune_parts(warm_store, "parts").pruned == {}  # nothing left to prune
+    assert warm_store.verify("parts").problems == []
+    final = warm_store.read_stage("parts", config.num_updates, "checkpoint")["model.safetensors"]
+    warm_store.invalidate("parts", 1, "optimize", force=True)
+    warm_store.invalidate("parts", 2, "checkpoint", force=True)
+    train(config, "parts", store=warm_store)
+    [rerun] = [a for a in warm_store.attempts("parts", 1, "optimize") if a.get("outcome") == "committed"][-1:]
+    assert rerun["resumed_at_minibatch"] == 0 and rerun["minibatches_run"] == 3
+    assert warm_store.read_stage("parts", config.num_updates, "checkpoint")["model.safetensors"] == final

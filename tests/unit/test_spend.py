@@ -59,8 +59,9 @@ def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
     assert (sizes.weights, sizes.optimizer) == (14_000_000_000, 84_000_000_000)
     shape = UpdateShape(sizes, ranks=8, ranks_per_node=8, minibatches=4, checkpoint_every=10, handoff="file")
     found = estimate(shape)
-    # plain: the hand-off's host copy, the digest's two; the weights to vLLM through a file
-    assert found.plain.bytes == {"host_copy": 3 * sizes.weights, "handoff_file": sizes.weights}
+    # plain: the hand-off's host copy and the weights to vLLM through a file; the fingerprint copies nothing
+    assert found.plain.bytes == {"host_copy": sizes.weights, "handoff_file": sizes.weights}
+    assert found.plain.seconds["digest"] == pytest.approx(sizes.weights / 8 / 200e9)
     # a checkpoint update: every mini-batch saves and uploads the node's whole checkpoint (parts, then it)
     assert found.checkpoint.bytes["uploaded"] == 4 * sizes.checkpoint == found.checkpoint.bytes["scratch"]
     assert found.checkpoint.bytes["host_copy"] == sizes.weights + 4 * (sizes.weights + sizes.optimizer // 8)

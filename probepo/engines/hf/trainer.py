@@ -24,6 +24,7 @@ from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from probepo import spend
 from probepo.engines.base import TrainerState
 from probepo.engines.hf.loading import read_weights, with_tied_weights
 from probepo.engines.packing import pack_responses
@@ -135,12 +136,11 @@ class HFTrainerEngine(TorchTrainerEngine):
         self.model.save_pretrained(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
-        state = self.state()
-        save_file(
-            {k: v.detach().cpu().contiguous() for k, v in state.tensors.items() if k.startswith("optim.")},
-            directory / OPTIMIZER_FILE,
-        )
-        (directory / TRAINER_FILE).write_text(json.dumps(state.meta, indent=2) + "\n")
+        optimizer = self.optimizer_tensors()
+        save_file({k: v.cpu().contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
+        untied = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
+        spend.count_written([*untied.values(), *optimizer.values()])
+        (directory / TRAINER_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
 
     def load(self, directory: str | Path) -> None:
         """Restores what `save` wrote: weights, AdamW moments and step counts, bitwise."""
