@@ -46,15 +46,15 @@ sys.path.insert(0, str(ROOT))
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources  # noqa: E402
 from probepo.pipeline import train  # noqa: E402
-from probepo.preflight import safetensors_tensor_bytes  # noqa: E402
 from probepo.presets import load_profile, load_run_config  # noqa: E402
 from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
-from probepo.spend_model import STATED, Estimate, PolicySizes, UpdateShape, estimate, update_moves  # noqa: E402
+from probepo.spend_model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
 from slurm.backends import LocalBackend  # noqa: E402
 from slurm.check_spend import recipe_shape  # noqa: E402
 from slurm.runner import DriverJobRunner  # noqa: E402
 from tests.hf.tiny_qwen import qwen_config, qwen_tokenizer  # noqa: E402
+from tests.pipeline.sizes import committed_sizes  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "overhead.json"
 RUN = "bench-overhead"
@@ -120,19 +120,6 @@ def run(work: Path) -> tuple[ArtifactStore, RunConfig]:
     return store, config
 
 
-def checkpoint_sizes(store: ArtifactStore, update: int, work: Path) -> PolicySizes:
-    files = store.marker(RUN, update, "checkpoint")["files"]
-    (work / "sizes").mkdir()
-    tensors = {}
-    for name in files:
-        if name.endswith(".safetensors"):
-            landed = store.download_stage_file(RUN, update, "checkpoint", name, work / "sizes" / name)
-            tensors[name] = safetensors_tensor_bytes(landed)
-    # QWEN_100M ties its LM head to the float32 embedding
-    tied = QWEN_100M["vocab_size"] * QWEN_100M["hidden_size"] * 4
-    return PolicySizes.of_files({name: f["size"] for name, f in files.items()}, tensors, tied=tied)
-
-
 def counted(metrics: list[dict[str, Any]], updates: list[int]) -> dict[str, Any]:
     """The mean over `updates` of each byte kind and piece (every stage summed), and the scratch peak."""
     rows = [next(m for m in metrics if m["update"] == u) for u in updates]
@@ -146,14 +133,6 @@ def counted(metrics: list[dict[str, Any]], updates: list[int]) -> dict[str, Any]
         "seconds": {p: round(statistics.mean(total(r, "timing", p) for r in rows), 3) for p in PIECES},
         "scratch_peak_bytes": max(total(r, "bytes", "scratch_peak") for r in rows),
     }
-
-
-def model_bytes(shape: UpdateShape, *, checkpoint: bool) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for move in update_moves(shape, checkpoint=checkpoint):
-        if move.kind is not None:
-            out[move.kind] = out.get(move.kind, 0) + move.nbytes
-    return out
 
 
 def study_shape(name: str, parameters: int, tied: int) -> UpdateShape:
@@ -196,7 +175,9 @@ def measure(label: str) -> dict[str, Any]:
         full = [u for u, stages in store.ledger_entries(RUN).items() if "checkpoint" in stages and u > 0]
         checkpoint_updates = [u - 1 for u in full]
         plain = [u for u in range(1, UPDATES) if u not in checkpoint_updates]
-        sizes = checkpoint_sizes(store, UPDATES, work)
+        # QWEN_100M ties its LM head to the float32 embedding
+        tied = QWEN_100M["vocab_size"] * QWEN_100M["hidden_size"] * 4
+        sizes = committed_sizes(store, RUN, UPDATES, work / "sizes", tied=tied)
     shape = UpdateShape(
         sizes,
         ranks=RANKS,
@@ -211,8 +192,8 @@ def measure(label: str) -> dict[str, Any]:
         "plain": counted(metrics, plain),
         "checkpoint": counted(metrics, checkpoint_updates),
     }
-    for kind, checkpoint in (("plain", False), ("checkpoint", True)):
-        predicted = model_bytes(shape, checkpoint=checkpoint)
+    found = estimate(shape)
+    for kind, predicted in (("plain", found.plain.bytes), ("checkpoint", found.checkpoint.bytes)):
         rows[kind]["model_vs_counted"] = {
             k: round(rows[kind][f"{k}_bytes"] / v, 4) for k, v in predicted.items() if k != "downloaded"
         }

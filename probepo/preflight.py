@@ -115,10 +115,7 @@ def safetensors_tensor_bytes(path: Path) -> int:
 def tied_parameters(folder: Path | None) -> int:
     """The parameters of a model's LM head tied to its embedding (config.json's tie_word_embeddings), which a
     state dict lists twice; 0 when untied or unknown."""
-    try:
-        config = json.loads((folder / "config.json").read_text()) if folder else {}
-    except (OSError, ValueError):
-        return 0
+    config = _model_config(folder)
     if not config.get("tie_word_embeddings"):
         return 0
     return int(config.get("vocab_size", 0)) * int(config.get("hidden_size", 0))
@@ -284,12 +281,17 @@ def _tokenized_task(config: RunConfig, model: ModelFiles) -> Findings:
 
 def _model_context(folder: Path | None) -> int | None:
     """The policy's context (max_position_embeddings of its config, or of its text config), if readable."""
-    try:
-        data: dict[str, Any] = json.loads((folder / "config.json").read_text()) if folder else {}
-    except (OSError, ValueError):
-        return None
+    data = _model_config(folder)
     value = data.get("text_config", data).get("max_position_embeddings")
     return int(value) if value else None
+
+
+def _model_config(folder: Path | None) -> dict[str, Any]:
+    """A Hugging Face model folder's config.json; {} when there is none or it does not parse."""
+    try:
+        return json.loads((folder / "config.json").read_text()) if folder else {}
+    except (OSError, ValueError):
+        return {}
 
 
 def store_findings(url: str) -> Findings:

@@ -56,13 +56,14 @@ def tensor_sums(name: str, tensor: Tensor) -> Tensor:
     rows = torch.cat([words, words.new_zeros(tail)]) if tail else words
     rows = rows.view(-1, ROW)
     seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "little")
+    # per prime: the row multiplier's shift s, slope a (never 0) and offset b, drawn from the name
+    drawn = [(seed % p, 1 + (seed >> 20) % (p - 1), (seed >> 40) % p) for p in PRIMES]
     table = _multipliers(device)
     sums = torch.zeros(len(PRIMES), dtype=torch.int64, device=device)
     for start in range(0, rows.shape[0], BLOCK_ROWS):
         block = rows[start : start + BLOCK_ROWS].to(torch.int64)
         index = torch.arange(start, start + block.shape[0], dtype=torch.int64, device=device)
-        for j, prime in enumerate(PRIMES):
-            shift, a, b = seed % prime, 1 + (seed >> 20) % (prime - 1), (seed >> 40) % prime
+        for j, (prime, (shift, a, b)) in enumerate(zip(PRIMES, drawn, strict=True)):
             row_multiplier = ((index + shift) % prime * a + b) % prime
             row_multiplier = torch.where(row_multiplier == 0, 1, row_multiplier)
             row_sums = (block * table[j]).sum(dim=1) % prime
@@ -78,11 +79,12 @@ def weights_fingerprint(named: Iterable[tuple[str, Tensor]]) -> str:
     layout = hashlib.sha256()
     device = tensors[0][1].device if tensors else torch.device("cpu")
     total = torch.zeros(len(PRIMES), dtype=torch.int64, device=device)
+    primes = torch.tensor(PRIMES, device=device)
     rank, world = distributed.rank(), distributed.world_size()
     for index, (name, tensor) in enumerate(tensors):
         layout.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
         if index % world == rank:
-            total = (total + tensor_sums(name, tensor).to(device)) % torch.tensor(PRIMES, device=device)
+            total = (total + tensor_sums(name, tensor).to(device)) % primes
     combined = distributed.sum_over_ranks(total.cpu())
     values = [int(v) % p for v, p in zip(combined.tolist(), PRIMES, strict=True)]
     return f"{values[0]:08x}{values[1]:08x}-{layout.hexdigest()[:16]}"

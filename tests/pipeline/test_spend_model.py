@@ -9,23 +9,12 @@ from pathlib import Path
 import pytest
 
 from probepo.pipeline import train
-from probepo.preflight import safetensors_tensor_bytes
-from probepo.spend_model import PolicySizes, UpdateShape, update_moves
+from probepo.spend_model import UpdateShape, estimate
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config
+from tests.pipeline.sizes import committed_sizes
 
 pytestmark = pytest.mark.integration
-
-
-def committed_sizes(store: ArtifactStore, run: str, update: int, tmp_path: Path) -> PolicySizes:
-    """Checkpoint `update`'s sizes, from its files as the store holds them."""
-    files = store.marker(run, update, "checkpoint")["files"]
-    tensors = {}
-    for name in files:
-        if name.endswith(".safetensors"):
-            landed = store.download_stage_file(run, update, "checkpoint", name, tmp_path / name)
-            tensors[name] = safetensors_tensor_bytes(landed)
-    return PolicySizes.of_files({name: f["size"] for name, f in files.items()}, tensors)
 
 
 def counted(metrics: dict, kind: str, stages: tuple[str, ...] | None = None) -> int:
@@ -48,11 +37,8 @@ def test_the_model_predicts_the_counted_bytes_of_plain_and_checkpoint_updates(
     by_update = {m["update"]: m for m in train(config, "model", store=warm_store)}
     sizes = committed_sizes(warm_store, "model", 3, tmp_path)
     shape = UpdateShape(sizes, minibatches=3, checkpoint_every=3, handoff="memory", accelerator=False)
-    for update, checkpoint in ((1, False), (2, True)):
-        predicted: dict[str, int] = {}
-        for move in update_moves(shape, checkpoint=checkpoint):
-            if move.kind is not None:
-                predicted[move.kind] = predicted.get(move.kind, 0) + move.nbytes
+    found = estimate(shape)
+    for update, predicted in ((1, found.plain.bytes), (2, found.checkpoint.bytes)):
         metrics = by_update[update]
         # the trainer's and hand-off's bytes wherever they fall; the store's and disk's of optimize (the other
         # stages commit their rows, a few KB the model leaves out)
