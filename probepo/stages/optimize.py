@@ -1,13 +1,16 @@
 """Optimize: PPO-clip on the backbone responses of update k, making policy k + 1.
 
 When policy k + 1 is due in full (`checkpoint_every`, and after the last update), its weights and optimizer
-state are committed as the checkpoint of update k + 1, then this stage's summary; after every mini-batch
-but the last the trainer state is committed as a sub-stage `optimize.part-NNNN`, so a run killed inside
-the optimizer resumes from the next mini-batch and ends bitwise identical, and a run killed after the
-checkpoint but before the summary commits only the summary on resume.
+state are committed as the checkpoint of update k + 1, then this stage's summary. A job told to stop
+(preemption, its time limit: the grace window is for this) stops at the next mini-batch boundary; in such
+an update it first commits the trainer state as a sub-stage `optimize.part-NNNN`, so the run resumes from
+the next mini-batch and ends bitwise identical. Nothing else is saved mid-optimizer: a hard death (a node
+lost, a kill past the grace window) reruns the update's optimize from the last committed state, as it
+does any other stage. A run killed after the checkpoint but before the summary commits only the summary on
+resume.
 
 Otherwise only the summary is committed, with the fingerprint of the new weights; policy k + 1 stays in the
-resident trainer, and a resumed run rebuilds it by replay (policy.py). A preemption inside such an update
+resident trainer, and a resumed run rebuilds it by replay (policy.py). A stop inside such an update
 commits nothing: its optimize reruns whole (it is cheap next to the generation it does not repeat).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from probepo import spend
 from probepo.engines.trainer import combine_metrics
+from probepo.faults import fault_point
 from probepo.preemption import Preempted
 from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
@@ -34,6 +38,11 @@ STAGE = Stage.OPTIMIZE
 
 def part_name(minibatch: int) -> str:
     return f"{PART_PREFIX}{minibatch:04d}"
+
+
+def minibatch_point(minibatch: int) -> str:
+    """The fault point's stage name of a mini-batch boundary (`<update>:optimize.minibatch-NNNN:done`)."""
+    return f"{STAGE}.minibatch-{minibatch:04d}"
 
 
 def _metrics(part_summary: dict) -> dict[str, float]:
@@ -65,20 +74,20 @@ def run(ctx: StageContext) -> None:
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start
 
-    def commit_part(index: int, metrics: dict[str, float]) -> None:
+    def after_minibatch(index: int, metrics: dict[str, float]) -> None:
         history.append(metrics)
-        if index == n_minibatches - 1:
+        fault_point(ctx.update, minibatch_point(index), "done", ctx.should_stop)
+        if index == n_minibatches - 1 or not ctx.should_stop():
             return  # the last mini-batch's state is the stage's own commit
         committing = full and part_name(index) not in parts  # a pruned part's record stays: none replaces it
         if committing:
             with saved_trainer(ctx, engine, ctx.scratch / part_name(index)) as files:
                 ctx.commit(part_name(index), files, metrics)
-        if ctx.should_stop():
-            kept = "progress committed" if committing else "nothing committed: the update's optimize reruns"
-            raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
+        kept = "progress committed" if committing else "nothing committed: the update's optimize reruns"
+        raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
 
-    with spend.timed("optimizer"):  # the parts' saves and commits inside count as theirs
-        ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=commit_part)
+    with spend.timed("optimizer"):  # a stop's part, saved and committed inside, counts as its own
+        ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=after_minibatch)
     ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
     summary = {**combine_metrics(history), "minibatches": len(history)}
     if full:

@@ -360,6 +360,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
             dtype=model.dtype,
             max_batch_rows=rows,
             seed=ctx.config.seed,
+            scratch=ctx.scratch,
             gpu_memory_utilization=model.vllm_memory,
         )
     else:

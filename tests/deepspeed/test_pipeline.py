@@ -22,7 +22,7 @@ import yaml
 
 from probepo.config import ExecutionProfile, StageResources
 from probepo.execution import StageRequest
-from probepo.faults import CRASH_ENV
+from probepo.faults import CRASH_ENV, STOP_ENV
 from probepo.stages.context import StageContext
 from probepo.store import open_store
 from slurm import make_runner
@@ -52,7 +52,9 @@ def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_th
     profile = ExecutionProfile(
         job_folder=str(tmp_path / "jobs"), poll_s=0.2, poll_max_s=0.2, stages={"optimize": two}
     )
-    monkeypatch.setenv(CRASH_ENV, "0:optimize.part-0000:after-commit")  # both ranks kill themselves there
+    # both ranks are told to stop after the first mini-batch, and kill themselves once its part is committed
+    monkeypatch.setenv(STOP_ENV, "0:optimize.minibatch-0000:done")
+    monkeypatch.setenv(CRASH_ENV, "0:optimize.part-0000:after-commit")
     ctx = StageContext(store, "zero3", 0, config, tmp_path / "driver")
     runner = make_runner("local", profile)
     runner.run(StageRequest.of(ctx, "optimize"), ctx)
@@ -66,6 +68,7 @@ def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_th
     assert "model.safetensors" in files and "optimizer.safetensors" not in files
 
     monkeypatch.delenv(CRASH_ENV)
+    monkeypatch.delenv(STOP_ENV)
     assert replay_on_two_local_ranks(store.url, "zero3", config.model_dump_json(), tmp_path, 0) == [
         True,
         True,

@@ -3,7 +3,8 @@ stage in lockstep (rank 0 records and commits), the trainer is DeepSpeed ZeRO-2 
 policy 1 is never committed in full (checkpoint_every 2). The job is killed by SIGKILL after update 1's
 select; the job submitted again rebuilds policy 1 on both ranks by replaying optimize 0 from checkpoint 0
 and the committed batch (generating nothing again), and ends with the bits of an uninterrupted replay.
-(The tiny model earns no reward here, so the gradients are 0: test_engine.py checks them.)"""
+The node's scratch holds at most two copies of the policy's tensors at any time (a saved state leaves it
+once committed). (The tiny model earns no reward here, so the gradients are 0: test_engine.py checks them.)"""
 
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ def test_a_two_rank_driver_job_killed_between_checkpoints_replays_on_both_ranks(
             assert outcomes.count("committed") <= 1, (update, stage, outcomes)
     files = store.marker("lockstep", 2, "checkpoint")["files"]
     assert {f"optimizer-rank-0000{r}-of-00002.safetensors" for r in (0, 1)} <= set(files)
+    # the node's scratch (both ranks' folder): at most 2 × (weights + the node's optimizer shards) + the rest
+    tensors = sum(f["size"] for name, f in files.items() if name.endswith(".safetensors"))
+    small = sum(f["size"] for f in files.values()) - tensors
+    peak = max(
+        m.get(key, 0) for m in store.read_metrics("lockstep") for key in m if key.endswith("/scratch_peak")
+    )
+    assert tensors <= peak <= 2 * tensors + small, (peak, tensors, small)
 
     monkeypatch.delenv(CRASH_ENV)
     assert replay_on_two_local_ranks(store.url, "lockstep", config.model_dump_json(), tmp_path, 1) == [

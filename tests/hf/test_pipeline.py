@@ -18,7 +18,7 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from probepo.data.benchmarks import benchmarks_root
-from probepo.faults import CRASH_ENV
+from probepo.faults import CRASH_ENV, STOP_ENV
 from probepo.pipeline import train
 from probepo.report import write_report
 from probepo.schedule import TRAINING_STAGES
@@ -76,7 +76,7 @@ def test_the_spend_counters_reach_tensorboard_and_the_report(finished, tmp_path)
         m["bytes/optimize/uploaded"] for m in store.read_metrics("qwen") if "bytes/optimize/uploaded" in m
     ]
     checkpoint = sum(f["size"] for f in store.marker("qwen", 2, "checkpoint")["files"].values())
-    assert uploaded[-1] == 2 * checkpoint  # a part after mini-batch 1 of 2, then the checkpoint
+    assert uploaded[-1] == checkpoint  # the checkpoint alone: no part without a stop
     report = write_report(store, ["qwen"], tmp_path).read_text()
     assert "### Where qwen's updates went" in report and (tmp_path / "spend-qwen.png").exists()
 
@@ -109,7 +109,12 @@ def test_a_run_killed_inside_the_optimizer_resumes_to_the_same_bits(
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-killed"]
     command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
-    env = {**os.environ, CRASH_ENV: "1:optimize.part-0000:after-commit"}
+    # told to stop after the first mini-batch, killed once its part is committed (the grace window ran out)
+    env = {
+        **os.environ,
+        STOP_ENV: "1:optimize.minibatch-0000:done",
+        CRASH_ENV: "1:optimize.part-0000:after-commit",
+    }
     assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == -signal.SIGKILL
     resumed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr

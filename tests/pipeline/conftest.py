@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from probepo.config import RunConfig
-from probepo.faults import CRASH_ENV
+from probepo.faults import CRASH_ENV, STOP_ENV
 
 
 def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:
@@ -44,12 +44,15 @@ def train_cli(
     crash_at: str | None,
     events: Path | None = None,
     profile: Path | None = None,
+    stop_at: str | None = None,
 ) -> int:
-    """`probepo train PRESET` in a subprocess (with `--profile` if given), SIGKILLed at `crash_at` if given;
-    returns its exit status."""
-    env = {key: value for key, value in os.environ.items() if key != CRASH_ENV}
+    """`probepo train PRESET` in a subprocess (with `--profile` if given), SIGKILLed at `crash_at` if given,
+    told to stop (SIGUSR2) at `stop_at` if given; returns its exit status."""
+    env = {key: value for key, value in os.environ.items() if key not in (CRASH_ENV, STOP_ENV)}
     if crash_at:
         env[CRASH_ENV] = crash_at
+    if stop_at:
+        env[STOP_ENV] = stop_at
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", run_id]
     command += ["--store", store_url, "--quiet"]
     if events is not None:

@@ -49,7 +49,7 @@ def test_resume_with_another_recipe_is_refused(warm_store: ArtifactStore):
         train(tiny_config("probepo", num_updates=0), "frozen", store=warm_store)
 
 
-PAUSED_IN_OPTIMIZE = "0:optimize.part-0000:after-commit"  # the safe point after the first mini-batch
+PAUSED_IN_OPTIMIZE = "0:optimize.minibatch-0000:done"  # the safe point after the first mini-batch
 
 
 def _wait_for_mark(mark: Path, process: subprocess.Popen | None = None) -> int:

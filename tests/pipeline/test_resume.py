@@ -1,6 +1,7 @@
 """The preemption drill: SIGKILL a run at points inside and between stages (inside the optimizer's
-mini-batches too), rerun it with the same run id, and check that it continues from the store, commits no
-stage twice, and ends with a checkpoint bitwise identical to an uninterrupted run's (one thread, CPU)."""
+mini-batches too, with or without a stop asked first), rerun it with the same run id, and check that it
+continues from the store, commits no stage twice, and ends with a checkpoint bitwise identical to an
+uninterrupted run's (one thread, CPU)."""
 
 from __future__ import annotations
 
@@ -29,11 +30,18 @@ def baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
 
 
 def _drill(
-    store: ArtifactStore, crash_at: str, preset: Path, events: Path, baseline: dict[str, bytes]
+    store: ArtifactStore,
+    crash_at: str,
+    preset: Path,
+    events: Path,
+    baseline: dict[str, bytes],
+    stop_at: str | None = None,
 ) -> None:
-    """Kill a CLI run at `crash_at`, rerun it, and check what the drill promises."""
-    run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-")
-    assert train_cli(store.url, preset, run_id, crash_at, events) == -signal.SIGKILL
+    """Kill a CLI run at `crash_at` (told to stop at `stop_at` first, if given), rerun it, and check what
+    the drill promises."""
+    run_id = "drill-" + crash_at.replace(":", "-").replace(".", "-") + ("-stopped" if stop_at else "")
+    killed = train_cli(store.url, preset, run_id, crash_at, events, stop_at=stop_at)
+    assert killed == -signal.SIGKILL
     update, stage, when = crash_at.split(":")
     assert not store.committed(run_id, FINAL - 1, "optimize")
     parts_before = len([s for s in store.committed_stages(run_id, 1) if s.startswith("optimize.part-")])
@@ -56,6 +64,7 @@ def _drill(
         if stage == "checkpoint":  # policy k + 1 was committed: only the stage's summary remained
             assert resumed["minibatches_run"] == 0
         else:
+            assert parts_before == (1 if stop_at and when == "after-commit" else 0)  # parts: a stop's only
             assert resumed["resumed_at_minibatch"] == parts_before
             assert resumed["minibatches_run"] == MINIBATCHES - parts_before
     for entry_update, stages in store.ledger_entries(run_id).items():
@@ -74,25 +83,33 @@ def preset(tmp_path: Path) -> Path:
     return path
 
 
+STOPPED_AFTER_COMMITTING_A_PART = ("1:optimize.part-0000:after-commit", "1:optimize.minibatch-0000:done")
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    "crash_at",
+    ("crash_at", "stop_at"),
     [
-        "0:probe:before-commit",  # inside a stage, its outputs written but not committed
-        "0:score:after-commit",  # between two stages
-        "1:optimize.part-0000:after-commit",  # inside the optimizer, after its first mini-batch
-        "1:optimize.part-0001:before-commit",  # inside the optimizer, while committing a mini-batch
-        "2:checkpoint:after-commit",  # inside optimize, between its checkpoint and its summary
+        ("0:probe:before-commit", None),  # inside a stage, its outputs written but not committed
+        ("0:score:after-commit", None),  # between two stages
+        ("1:optimize.minibatch-0000:done", None),  # inside the optimizer, no stop asked: no part
+        # told to stop after the first mini-batch, killed once its part is committed (the grace ran out)
+        STOPPED_AFTER_COMMITTING_A_PART,
+        # told to stop after the second, killed while committing its part
+        ("1:optimize.part-0001:before-commit", "1:optimize.minibatch-0001:done"),
+        ("2:checkpoint:after-commit", None),  # inside optimize, between its checkpoint and its summary
     ],
 )
-def test_killed_run_resumes_bitwise(crash_at, warm_store, baseline, preset, tmp_path):
-    _drill(warm_store, crash_at, preset, tmp_path / "tensorboard", baseline)
+def test_killed_run_resumes_bitwise(crash_at, stop_at, warm_store, baseline, preset, tmp_path):
+    _drill(warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, stop_at)
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("crash_at", ["0:probe:before-commit", "1:optimize.part-0000:after-commit"])
-def test_killed_run_on_s3_resumes_bitwise(crash_at, s3_warm_store, baseline, preset, tmp_path):
-    _drill(s3_warm_store, crash_at, preset, tmp_path / "tensorboard", baseline)
+@pytest.mark.parametrize(
+    ("crash_at", "stop_at"), [("0:probe:before-commit", None), STOPPED_AFTER_COMMITTING_A_PART]
+)
+def test_killed_run_on_s3_resumes_bitwise(crash_at, stop_at, s3_warm_store, baseline, preset, tmp_path):
+    _drill(s3_warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, stop_at)
 
 
 @pytest.mark.integration

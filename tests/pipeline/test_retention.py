@@ -11,7 +11,9 @@ import yaml
 
 from probepo.config import CheckpointSelection, Retention
 from probepo.evaluations import missing, retain_checkpoints
+from probepo.faults import STOP_ENV
 from probepo.pipeline import train
+from probepo.preemption import Preempted
 from probepo.store.keys import RunLayout
 from probepo.store.retention import holds, is_part, plan_retention, prune_parts
 from tests.pipeline.conftest import FINAL_FILES, tiny_config, train_cli
@@ -93,16 +95,24 @@ def test_weights_the_nightly_has_still_to_evaluate_are_kept_unless_told(warm_sto
     assert warm_store.verify("retain-pending").problems == []
 
 
-def test_an_updates_optimizer_parts_go_once_its_optimize_and_checkpoint_are_committed(warm_store):
-    """Parts (the optimizer's resume points) are pruned by the driver after each committed optimize, the
-    marker rewritten first; `store verify` passes; a pruned part is never loaded (an optimize invalidated
-    with its checkpoint runs its optimizer whole) and the run ends bitwise as before."""
-    config = tiny_config("probepo")  # 3 mini-batches: 2 parts an update
+def test_an_updates_optimizer_parts_go_once_its_optimize_and_checkpoint_are_committed(
+    warm_store, monkeypatch
+):
+    """A part (the optimizer's resume point, committed when a stop is asked mid-optimizer) is pruned by the
+    driver once the resumed optimize is committed, the marker rewritten first; `store verify` passes; a
+    pruned part is never loaded (an optimize invalidated with its checkpoint runs its optimizer whole) and
+    the run ends bitwise as before."""
+    config = tiny_config("probepo")  # 3 mini-batches
+    monkeypatch.setenv(STOP_ENV, "1:optimize.minibatch-0000:done")
+    with pytest.raises(Preempted, match="mini-batch 0 of update 1; progress committed"):
+        train(config, "parts", store=warm_store)
+    assert warm_store.marker("parts", 1, "optimize.part-0000")["files"]
+    monkeypatch.delenv(STOP_ENV)
     train(config, "parts", store=warm_store)
     layout = RunLayout("parts")
     for update in range(config.num_updates):
         parts = [s for s in warm_store.committed_stages("parts", update) if is_part(s)]
-        assert len(parts) == 2
+        assert parts == (["optimize.part-0000"] if update == 1 else [])  # a stop's only
         for part in parts:
             marker = warm_store.marker("parts", update, part)
             assert marker["files"] == {} and marker["pruned"]["kept"] == "record"

@@ -36,7 +36,7 @@ def test_the_model_predicts_the_counted_bytes_of_plain_and_checkpoint_updates(
     config = tiny_config("probepo", num_updates=3, checkpoint_every=3)
     by_update = {m["update"]: m for m in train(config, "model", store=warm_store)}
     sizes = committed_sizes(warm_store, "model", 3, tmp_path)
-    shape = UpdateShape(sizes, minibatches=3, checkpoint_every=3, handoff="memory", accelerator=False)
+    shape = UpdateShape(sizes, checkpoint_every=3, handoff="memory", accelerator=False)
     found = estimate(shape)
     for update, predicted in ((1, found.plain.bytes), (2, found.checkpoint.bytes)):
         metrics = by_update[update]

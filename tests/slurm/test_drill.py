@@ -22,7 +22,7 @@ from tests.slurm.drill import Drill, slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-OPTIMIZE_PART = "0:optimize.part-0000:after-commit"
+AFTER_FIRST_MINIBATCH = "0:optimize.minibatch-0000:done"  # where a stop commits the first part
 
 
 @pytest.fixture
@@ -40,9 +40,9 @@ def node() -> str:
 
 
 def test_a_preempted_stage_commits_requeues_and_resumes(drill, drill_baseline):
-    drill.pause = (OPTIMIZE_PART,)
+    drill.pause = (AFTER_FIRST_MINIBATCH,)
     drill.train()
-    drill.paused_at(OPTIMIZE_PART)
+    drill.paused_at(AFTER_FIRST_MINIBATCH)
     preempt_with_a_high_job()
     drill.finish()
     drill.check(drill_baseline)
@@ -54,10 +54,11 @@ def test_a_preempted_stage_commits_requeues_and_resumes(drill, drill_baseline):
 
 
 def test_a_job_requeued_from_outside_starts_over_from_the_store(drill, drill_baseline):
-    drill.pause = (OPTIMIZE_PART,)
+    drill.pause = (AFTER_FIRST_MINIBATCH,)
     drill.train()
-    drill.paused_at(OPTIMIZE_PART)
+    drill.paused_at(AFTER_FIRST_MINIBATCH)
     slurm("scontrol", "requeue", drill.job_id(0, "optimize"))
+    drill.release.touch()  # the job's next run may start the optimizer over (no part): past the pause
     drill.finish()
     drill.check(drill_baseline)
     assert drill.submissions(0, "optimize") == 1
@@ -65,9 +66,10 @@ def test_a_job_requeued_from_outside_starts_over_from_the_store(drill, drill_bas
 
 
 def test_a_killed_job_is_seen_dead_and_submitted_again(drill, drill_baseline):
-    drill.pause = (OPTIMIZE_PART,)
+    drill.pause = (AFTER_FIRST_MINIBATCH,)
     drill.train()
-    os.kill(drill.paused_at(OPTIMIZE_PART), signal.SIGKILL)
+    os.kill(drill.paused_at(AFTER_FIRST_MINIBATCH), signal.SIGKILL)
+    drill.release.touch()  # a hard death reruns the optimizer from mini-batch 0: past the pause this time
     drill.finish()
     drill.check(drill_baseline)
     assert drill.submissions(0, "optimize") == 2
@@ -76,9 +78,9 @@ def test_a_killed_job_is_seen_dead_and_submitted_again(drill, drill_baseline):
 
 
 def test_a_killed_driver_is_resumed_by_one_that_reattaches(drill, drill_baseline):
-    drill.pause = (OPTIMIZE_PART,)
+    drill.pause = (AFTER_FIRST_MINIBATCH,)
     drill.train()
-    drill.paused_at(OPTIMIZE_PART)
+    drill.paused_at(AFTER_FIRST_MINIBATCH)
     drill.kill_driver()
     drill.resume()
     # The new driver finds the stage's job in flight and waits for it: no second submission.
@@ -90,10 +92,11 @@ def test_a_killed_driver_is_resumed_by_one_that_reattaches(drill, drill_baseline
 
 
 def test_a_job_whose_node_goes_down_is_requeued_by_slurm(drill, drill_baseline):
-    drill.pause = (OPTIMIZE_PART,)
+    drill.pause = (AFTER_FIRST_MINIBATCH,)
     drill.train()
-    drill.paused_at(OPTIMIZE_PART)
+    drill.paused_at(AFTER_FIRST_MINIBATCH)
     drill.node_down_under(drill.job_id(0, "optimize"), node())
+    drill.release.touch()  # the job's next run may start the optimizer over (no part): past the pause
     drill.finish()
     drill.check(drill_baseline)
     assert drill.submissions(0, "optimize") == 1
@@ -105,7 +108,7 @@ def test_every_case_in_one_run(drill, drill_baseline):
         "requeue": "0:score:after-commit",
         "kill-job": "0:probe.shard-0000:after-commit",
         "node-down": "0:advantage:after-commit",
-        "kill-driver": OPTIMIZE_PART,
+        "kill-driver": AFTER_FIRST_MINIBATCH,
     }
     drill.pause = tuple(points.values())
     drill.train()

@@ -4,6 +4,7 @@ attempts sum into an update's metrics and the report's breakdown."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -53,27 +54,48 @@ def test_attempts_sum_into_metrics_and_a_breakdown() -> None:
 
 
 def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
-    from probepo.spend_model import PolicySizes, UpdateShape, estimate
+    from probepo.spend_model import PolicySizes, UpdateShape, estimate, stop_seconds
 
     sizes = PolicySizes.of(7_000_000_000, dtype="bfloat16", trainer="deepspeed")
     assert (sizes.weights, sizes.optimizer) == (14_000_000_000, 84_000_000_000)
-    shape = UpdateShape(sizes, ranks=8, ranks_per_node=8, minibatches=4, checkpoint_every=10, handoff="file")
+    shape = UpdateShape(sizes, ranks=8, ranks_per_node=8, checkpoint_every=10, handoff="file")
     found = estimate(shape)
     # plain: the hand-off's host copy and the weights to vLLM through a file; the fingerprint copies nothing
     assert found.plain.bytes == {"host_copy": sizes.weights, "handoff_file": sizes.weights}
-    assert found.plain.seconds["digest"] == pytest.approx(sizes.weights / 8 / 200e9)
-    # a checkpoint update: every mini-batch saves and uploads the node's whole checkpoint (parts, then it)
-    assert found.checkpoint.bytes["uploaded"] == 4 * sizes.checkpoint == found.checkpoint.bytes["scratch"]
-    assert found.checkpoint.bytes["host_copy"] == sizes.weights + 4 * (sizes.weights + sizes.optimizer // 8)
+    assert found.plain.seconds["digest"] == pytest.approx(sizes.weights / 8 / 32.3e9)
+    # a checkpoint update saves and uploads the node's whole checkpoint once (no part without a stop)
+    assert found.checkpoint.bytes["uploaded"] == sizes.checkpoint == found.checkpoint.bytes["scratch"]
+    assert found.checkpoint.bytes["host_copy"] == sizes.weights + sizes.weights + sizes.optimizer // 8
     amortised = found.amortised_seconds()
-    assert amortised["commit"] == pytest.approx(4 * sizes.checkpoint / 2.5e9 / 10)
+    assert amortised["commit"] == pytest.approx(sizes.checkpoint / 2.5e9 / 10)
+    # a stop's part takes the same save and upload of the grace window: ~50 s at 7B
+    rank0 = sizes.weights + sizes.optimizer // 8
+    assert stop_seconds(shape) == pytest.approx(
+        rank0 / 25e9 + sizes.checkpoint / 10e9 + sizes.checkpoint / 2.5e9
+    )
     assert found.total_s == pytest.approx(sum(amortised.values()))
     # the 8 ranks' vLLM files share the node's disk
     assert found.plain.seconds["handoff"] == pytest.approx(
         sizes.weights / 25e9 + 8 * sizes.weights / 10e9 + 8 * sizes.weights / 20e9
     )
-    per_stage = estimate(
-        UpdateShape(sizes, ranks=8, ranks_per_node=8, minibatches=4, resident=False, handoff="file")
-    )
+    per_stage = estimate(UpdateShape(sizes, ranks=8, ranks_per_node=8, resident=False, handoff="file"))
     assert per_stage.every == 1 and per_stage.plain == per_stage.checkpoint
-    assert per_stage.moved_bytes(per_stage.checkpoint) > 5 * sizes.checkpoint > found.moved_bytes(found.plain)
+    assert per_stage.moved_bytes(per_stage.checkpoint) > 4 * sizes.checkpoint > found.moved_bytes(found.plain)
+
+
+def test_check_warns_when_the_trainers_grace_window_cannot_hold_a_stops_part():
+    from probepo.presets import load_profile, load_run_config
+    from slurm.check_spend import spend_findings
+
+    root = Path(__file__).resolve().parents[2] / "configs"
+    config = load_run_config(root / "deepseekmath-7b-sft.yaml")
+    profile = load_profile(root / "profiles" / "h200-node.yaml")
+    found = spend_findings(config, profile, "resident", 6_910_365_696)
+    assert found.warnings == [] and found.passed[0].startswith("spend: ")  # 300 s hold ~50 s
+    driver = profile.stages["driver"].model_copy(update={"signal_grace_s": 30})
+    short = profile.model_copy(update={"stages": {**profile.stages, "driver": driver}})
+    (warning,) = spend_findings(config, short, "resident", 6_910_365_696).warnings
+    assert (
+        "the trainer's job has signal_grace_s 30 but a stop inside a checkpoint update's optimizer" in warning
+    )
+    assert "saves and uploads 96.7 GB, ~49 s at stated bandwidths" in warning
