@@ -16,13 +16,13 @@ Extrapolation (probepo/spend_model.py, the model `probepo check` prints): first 
 model's own sizes (read from the committed checkpoint's files) and compared with the counted bytes, kind
 by kind (`model_vs_counted`, 1.0 where it reproduces them); then it is run at each recipe's shape — its
 model's parameters (stated: the model cards'), bf16 weights, DeepSpeed's 12 bytes of optimizer state per
-parameter, 8 ranks on one node (the h200-node profile's driver), the recipe's mini-batches and
-`checkpoint_every`, vLLM's file hand-off — and its bytes turned into seconds at `Bandwidths` (stated, with
-sources, in spend_model.py; the `before` label's sha256 rate was this machine's, measured), and again at a
-modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3), and, once bench/overhead_gpu.py has
-run on a lent GPU, at the stated rates with its measured device ones (`at_7b_h200_rates`). The counted
-seconds of this CPU run are kept beside, not scaled: the hardware differs in every rate. Writes the label
-into bench/results/overhead.json (the other labels kept).
+parameter, 8 ranks on one node (the h200-node profile's driver), the recipe's `checkpoint_every`,
+vLLM's hand-off in memory (in its rank's process) — and its bytes turned into seconds at `Bandwidths`
+(stated, with sources, in spend_model.py; the `before` label's sha256 rate was this machine's,
+measured), and again at a modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3), and, once
+bench/overhead_gpu.py has run on a lent GPU, at the stated rates with its measured device ones
+(`at_7b_h200_rates`). The counted seconds of this CPU run are kept beside, not scaled: the hardware
+differs in every rate. Writes the label into bench/results/overhead.json (the other labels kept).
 """
 
 from __future__ import annotations
@@ -139,6 +139,35 @@ def run(work: Path) -> tuple[ArtifactStore, RunConfig]:
     return store, config
 
 
+def host_memcpy_seconds(nbytes: int, repeats: int = 5) -> float:
+    """The median seconds of one host memcpy of `nbytes` into memory already touched: what a hand-off in
+    memory is compared with."""
+    import torch
+
+    source = torch.ones(nbytes // 4, dtype=torch.float32)
+    target = torch.zeros_like(source)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def handoff_against_memcpy(plain: dict[str, Any]) -> dict[str, Any]:
+    """A plain update's hand-off: its bytes in memory and through a file, and its seconds against a host
+    memcpy of the same bytes (`ratio`)."""
+    memcpy_s = host_memcpy_seconds(int(plain["handoff_memory_bytes"]))
+    seconds = plain["seconds"].get("handoff", 0.0)
+    return {
+        "handoff_bytes_in_memory": plain["handoff_memory_bytes"],
+        "handoff_bytes_via_disk": plain["handoff_file_bytes"],
+        "handoff_s": seconds,
+        "host_memcpy_s": round(memcpy_s, 4),
+        "handoff_ratio": round(seconds / memcpy_s, 2),
+    }
+
+
 def counted(metrics: list[dict[str, Any]], updates: list[int]) -> dict[str, Any]:
     """The mean over `updates` of each byte kind and piece (every stage summed), and the scratch peak."""
     rows = [next(m for m in metrics if m["update"] == u) for u in updates]
@@ -212,7 +241,7 @@ def measure(label: str) -> dict[str, Any]:
     found = estimate(shape)
     for kind, predicted in (("plain", found.plain.bytes), ("checkpoint", found.checkpoint.bytes)):
         rows[kind]["model_vs_counted"] = {
-            k: round(rows[kind][f"{k}_bytes"] / v, 4) for k, v in predicted.items() if k != "downloaded"
+            k: round(rows[kind][f"{k}_bytes"] / v, 4) for k, v in predicted.items() if k != "downloaded" and v
         }
     rows["checkpoint"]["uploaded_per_checkpoint"] = round(
         rows["checkpoint"]["uploaded_bytes"] / sizes.checkpoint, 3
@@ -234,6 +263,7 @@ def measure(label: str) -> dict[str, Any]:
             "sizes": asdict(sizes) | {"checkpoint": sizes.checkpoint},
         },
         "counted": rows,
+        "handoff": handoff_against_memcpy(rows["plain"]),
         "bandwidths": asdict(bandwidths),
         "at_7b": at_7b(bandwidths),
         "at_7b_modest_site": {
@@ -286,6 +316,19 @@ def markdown(results: dict[str, Any]) -> str:
                     f" | {row['checkpoint_every']} | {pieces} | **{row['total_s']:g}**"
                     f" | {row['of_study_update']:.0%} |"
                 )
+    handed = {label: result["handoff"] for label, result in results.items() if "handoff" in result}
+    if handed:
+        lines += [
+            "",
+            "| label | hand-off MB in memory | via disk MB | hand-off s | host memcpy s | ratio |",
+            "|---|---|---|---|---|---|",
+        ]
+        for label, row in handed.items():
+            lines.append(
+                f"| {label} | {row['handoff_bytes_in_memory'] / 1e6:,.1f}"
+                f" | {row['handoff_bytes_via_disk'] / 1e6:,.1f} | {row['handoff_s']:g}"
+                f" | {row['host_memcpy_s']:g} | **{row['handoff_ratio']:g}** |"
+            )
     return "\n".join(lines)
 
 

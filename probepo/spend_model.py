@@ -45,6 +45,10 @@ class Bandwidths:
     Measured on a lent H200 in a Firecracker VM (bench/overhead_gpu.py): 1.26 GB/s, the time spent faulting
     in fresh pages (55 GB/s into pinned buffers kept); a bare node faults faster, by a factor not measured,
     so the stated figure stays and bench/overhead.py shows the measured one beside it."""
+    device_copy: float = 2000.0
+    """A copy from one tensor to another on the same GPU (the trainer's weights into the generator's), in
+    bytes copied: the H200's copy bandwidth measured here, ~4.3 TB/s of reads and writes (the device tool's
+    notes), halved."""
     device_hash: float = 32.3
     """The replay check's fingerprint (engines/fingerprint.py) over the weights where they are, per rank
     (each hashes a share): measured on a lent H200 (bench/overhead_gpu.py, DeepSeekMath-7B's 13.8 GB of
@@ -132,7 +136,7 @@ class UpdateShape:
         return self.sizes.weights + self.sizes.optimizer // self.ranks
 
 
-Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "device_hash"]
+Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "device_copy", "device_hash"]
 
 
 @dataclass(frozen=True)
@@ -161,8 +165,8 @@ def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
     w, node = shape.sizes.copied, shape.node_share
     moves: list[Move] = []
     if shape.resident:
-        # generation_engine: the resident trainer's weights() into the resident generator
-        moves += [Move("handoff", "host_copy", w, "device_to_host"), *_handoff(shape, w)]
+        # generation_engine: the resident trainer's weights, as it holds them, into the resident generator
+        moves += _handoff(shape, w)
     else:
         weights_files = shape.sizes.weights + shape.sizes.other
         for _ in range(shape.generation_stages):  # fetch_policy(optimizer_state=False), read from the folder
@@ -202,10 +206,11 @@ def stop_seconds(shape: UpdateShape, bandwidths: Bandwidths = STATED) -> float:
 
 
 def _handoff(shape: UpdateShape, nbytes: int) -> list[Move]:
-    if shape.handoff == "memory":  # into the generator's device memory
-        return [Move("handoff", "handoff_memory", nbytes, "device_to_host")]
-    # every rank writes its file to the node's disk, then its engine reads it back
+    if shape.handoff == "memory":  # copied into the generator's own tensors where both live
+        return [Move("handoff", "handoff_memory", nbytes, "device_copy")]
+    # every rank copies the weights to host and writes its file to the node's disk, then its engine reads it
     return [
+        Move("handoff", "host_copy", nbytes if shape.accelerator else 0, "device_to_host"),
         Move("handoff", "handoff_file", nbytes, "scratch_write", per_node=True),
         Move("handoff", None, nbytes, "scratch_read", per_node=True),
     ]

@@ -41,7 +41,7 @@ def recipe_shape(
         ranks_per_node=per_node,
         checkpoint_every=config.checkpoint_every,
         resident=executor_for(executor).resident,
-        handoff="file" if model.generator == "vllm" else "memory",
+        handoff="memory",  # vLLM too: its worker lives in the rank's process (engines/vllm_engine.py)
         accelerator=gpus,
         generation_stages=2 if probes else 1,
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Protocol
@@ -164,7 +165,13 @@ class TrainerEngine(Protocol):
         ...
 
     def weights(self) -> dict[str, Tensor]:
-        """The policy's state dict (for GenerationEngine.load_weights)."""
+        """A copy of the policy's state dict, on the host (what outlives the trainer's next step)."""
+        ...
+
+    def live_weights(self) -> AbstractContextManager[dict[str, Tensor]]:
+        """The policy's state dict as the trainer holds it, nothing copied (under ZeRO-3 gathered for the
+        block: every rank enters it together): for GenerationEngine.load_weights, which copies it into its
+        own memory inside the block."""
         ...
 
     def weights_fingerprint(self) -> str:

@@ -26,6 +26,8 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -160,6 +162,15 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
             copy = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
         spend.count("host_copy", spend.tensor_bytes(copy.values()))
         return copy
+
+    @contextmanager
+    def live_weights(self) -> Iterator[dict[str, Tensor]]:
+        """Every rank's module holds the full weights under ZeRO-1 and 2 (the bf16 or fp32 copy it computes
+        with); under ZeRO-3 they are gathered from the ranks' partitions for the block, on every rank."""
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), enabled=self.zero_stage == 3):
+            yield self.model.state_dict()
 
     def weights_fingerprint(self) -> str:
         """Under ZeRO-3 each parameter gathered in turn from its partitions (all ranks together)."""

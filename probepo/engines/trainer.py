@@ -8,6 +8,8 @@ the whole mini-batch. Everything resumable lives in `state()`: safetensors-able 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -203,6 +205,10 @@ class TorchTrainerEngine:
         copy = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         spend.count("host_copy", spend.tensor_bytes(copy.values()))
         return copy
+
+    @contextmanager
+    def live_weights(self) -> Iterator[dict[str, Tensor]]:
+        yield self.model.state_dict()  # detached views of the parameters, no copy
 
     def weights_fingerprint(self) -> str:
         return weights_fingerprint(self.model.state_dict().items())

@@ -15,8 +15,12 @@ stop condition (the model's own EOS is ignored unless listed), and the stop toke
 cutoff rescue is a second, greedy request per row that reached its limit: prefix + row + rescue ids.
 
 Weights: `load_weights` reloads in place on every worker (`PolicyReload.load_policy`, a worker extension
-called through `collective_rpc`) from a checkpoint folder, or from a state dict written to a scratch folder
-first. vLLM's own `reload_weights` leaves a tied LM head on the old embedding (it restores the head's old
+called through `collective_rpc`, then vLLM's `reload_weights`, which renames, fuses q/k/v and gate/up and
+runs the backend's post-load processing) from a checkpoint folder or from a state dict. A state dict goes
+by reference, as a weights iterator, when the worker lives in this process (the default here: vLLM's
+multiprocessing off, the `uni` or `external_launcher` executor), and through a safetensors file in the
+node's scratch otherwise (a worker in another process would receive a pickled copy). vLLM's own
+`reload_weights` leaves a tied LM head on the old embedding (it restores the head's old
 tensor when the checkpoint has none for it: stale logits after every update); the extension ties it again
 and rebuilds what the backend derived from it (the CPU backend's packed GEMM weights).
 """
@@ -36,6 +40,7 @@ import torch
 from safetensors.torch import save_file
 from torch import Tensor
 
+from probepo import spend
 from probepo.engines.base import Completion, FinishReason, SamplingParams
 from probepo.engines.sampler import ChunkedDecoding
 from probepo.spend import ByteKind
@@ -51,8 +56,6 @@ class VLLMGenerationEngine(ChunkedDecoding):
     scratch: the node's scratch folder, where the engine's own files go (a state dict's file on its way in,
     the links of a model view) and go with it (default: $TMPDIR). llm_options: passed to `vllm.LLM` as
     they are (gpu_memory_utilization, tensor_parallel_size, block_size, …)."""
-
-    handoff: ByteKind = "handoff_file"  # a state dict goes through a safetensors file (load_weights)
 
     def __init__(
         self,
@@ -78,6 +81,10 @@ class VLLMGenerationEngine(ChunkedDecoding):
         # vLLM's engine core and workers in this process: spawned ones outlive a SIGKILLed parent (seen: an
         # orphaned core holding its memory for good), and a killed stage must leave nothing behind.
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        self.handoff: ByteKind = (
+            "handoff_memory" if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" else "handoff_file"
+        )
+        """How load_weights takes a state dict: by reference with the worker in this process, else a file."""
         with _engine_per_rank(llm_options):
             self.llm = LLM(
                 model=str(self._model_view(Path(folder))),
@@ -98,11 +105,14 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy in place: a checkpoint folder, a .safetensors file, or a model state dict."""
-        if isinstance(source, dict) or not Path(source).is_dir():
+        if isinstance(source, dict) and self.handoff == "handoff_memory":
+            self.llm.collective_rpc("load_policy", args=(list(_distinct(source).items()),))
+        elif isinstance(source, dict) or not Path(source).is_dir():
             # a copy of the policy, deleted once loaded (a 7B one is 15 GB)
             copy = self._scratch_folder() / "model.safetensors"
             if isinstance(source, dict):
                 save_file(_unshared(source), str(copy))
+                spend.count_written(source.values())
             else:
                 shutil.copyfile(source, copy)
             self.llm.collective_rpc("load_policy", args=(str(copy.parent),))
@@ -255,9 +265,13 @@ class PolicyReload:
         """(rank in vLLM's world, local rank: the index of the GPU it was built on)."""
         return self.rank, self.local_rank
 
-    def load_policy(self, folder: str) -> None:
-        """Reload the weights of `folder` in place, then tie a tied LM head to the new embedding again."""
-        self.model_runner.reload_weights(weights_path=folder)
+    def load_policy(self, source: str | list[tuple[str, Tensor]]) -> None:
+        """Reload the weights in place, from a folder or from (Hugging Face name, tensor) pairs (copied into
+        the model's own tensors), then tie a tied LM head to the new embedding again."""
+        if isinstance(source, str):
+            self.model_runner.reload_weights(weights_path=source)
+        else:
+            self.model_runner.reload_weights(weights_iterator=iter(source))
         model = self.model_runner.get_model()
         if self.model_runner.vllm_config.model_config.hf_text_config.tie_word_embeddings:
             head = model.lm_head
@@ -302,15 +316,19 @@ def _finish(reason: str | None) -> FinishReason:
     return "stop" if reason == "stop" else "length"
 
 
-def _unshared(state: dict[str, Tensor]) -> dict[str, Tensor]:
-    """The state dict without tensors aliasing an earlier one (tied embeddings; safetensors refuses them, and
-    vLLM ties them itself), contiguous on the CPU."""
+def _distinct(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The state dict without tensors aliasing an earlier one (tied embeddings: vLLM ties them itself, and
+    safetensors refuses them), as they are."""
     seen: set[tuple[int, int]] = set()
     kept: dict[str, Tensor] = {}
     for name, tensor in state.items():
         key = (tensor.untyped_storage().data_ptr(), tensor.storage_offset())
-        if key in seen:
-            continue
-        seen.add(key)
-        kept[name] = tensor.detach().to("cpu").contiguous()
+        if key not in seen:
+            seen.add(key)
+            kept[name] = tensor.detach()
     return kept
+
+
+def _unshared(state: dict[str, Tensor]) -> dict[str, Tensor]:
+    """`_distinct`, contiguous on the CPU: what a safetensors file is written from."""
+    return {name: tensor.to("cpu").contiguous() for name, tensor in _distinct(state).items()}

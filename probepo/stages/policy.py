@@ -318,21 +318,33 @@ def generation_engine(ctx: StageContext) -> GenerationEngine:
         engines.claim(ctx)
         if engines.generator is not None and engines.generator_policy == ctx.update:
             return engines.generator
-    weights: Path | dict[str, Tensor]
+    source: Path | TrainerEngine
     if engines is not None and engines.trainer is not None and engines.trainer_policy == ctx.update:
-        weights = engines.trainer.weights()
+        source = engines.trainer
     elif has_weights(ctx):
-        weights = fetch_policy(ctx, optimizer_state=False)
+        source = fetch_policy(ctx, optimizer_state=False)
     else:
-        weights = trainer_engine(ctx).weights()  # a replay, whose trainer stays resident for the next stages
-    if engines is not None and engines.generator is not None:
-        generator = engines.generator
-        hand_off(generator, weights)
-    else:
-        generator = _new_generator(ctx, weights)
+        source = trainer_engine(ctx)  # a replay, whose trainer stays resident for the next stages
+    with _weights_of(source) as weights:
+        if engines is not None and engines.generator is not None:
+            generator = engines.generator
+            hand_off(generator, weights)
+        else:
+            generator = _new_generator(ctx, weights)
     if engines is not None:
         engines.generator, engines.generator_policy = generator, ctx.update
     return generator
+
+
+@contextmanager
+def _weights_of(source: Path | TrainerEngine) -> Iterator[Path | dict[str, Tensor]]:
+    """A committed policy's folder, or a trainer's weights as it holds them (no copy: the generator copies
+    them into its own memory while they are lent)."""
+    if isinstance(source, Path):
+        yield source
+        return
+    with source.live_weights() as weights:
+        yield weights
 
 
 def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> GenerationEngine:

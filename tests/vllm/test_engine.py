@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from probepo.engines.base import SamplingParams, chunk_seed
 from probepo.engines.hf import HFGenerationEngine
@@ -109,7 +110,7 @@ def test_samples_are_seeded_and_any_chunk_alone_is_the_calls(vllm_engine):
     assert alone == [uninterrupted[i] for i in chunk]
 
 
-def test_load_weights_reloads_in_place_never_stale(vllm_engine, model, tiny_qwen):
+def test_load_weights_reloads_in_place_never_stale(vllm_engine, model, tiny_qwen, tmp_path):
     before = vllm_engine.generate(PROMPTS, 1, GREEDY, 0)
     with torch.no_grad():
         for parameter in model.parameters():
@@ -117,7 +118,15 @@ def test_load_weights_reloads_in_place_never_stale(vllm_engine, model, tiny_qwen
     perturbed = HFGenerationEngine(model).generate(PROMPTS, 1, GREEDY, 0)
     assert perturbed != before
 
-    vllm_engine.load_weights(model.state_dict())  # in memory, tied embeddings included
+    assert vllm_engine.handoff == "handoff_memory"  # the worker lives in this process
+    vllm_engine.load_weights(model.state_dict())  # in memory, by reference, tied embeddings included
     assert vllm_engine.generate(PROMPTS, 1, GREEDY, 0) == perturbed
+    in_memory = vllm_engine.generate(PROMPTS, 4, SAMPLE, 5)
     vllm_engine.load_weights(tiny_qwen.folder)  # a checkpoint folder
     assert vllm_engine.generate(PROMPTS, 1, GREEDY, 0) == before
+
+    # the same state dict through a file (a worker in another process takes it so): the same bits
+    path = tmp_path / "policy.safetensors"
+    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "lm_head.weight"}, path)
+    vllm_engine.load_weights(path)
+    assert vllm_engine.generate(PROMPTS, 4, SAMPLE, 5) == in_memory
