@@ -15,25 +15,37 @@ Claiming vs a static split: every shard records how long its chunk took to decod
 those times (1-rank arms), claiming in plan order (what the stage does: a rank takes the next chunk when its
 last is done) and a static round-robin split (chunk c to rank c mod R) give each a makespan; a rank's busy
 fraction is the decoding time over R × makespan. Writes bench/results/ranks.json.
+
+The study recipes on an 8-GPU node, on paper (`--models recipes`, a few minutes, no services): each rank's
+busy fraction in sample and probe under the recipes' sampling settings against the default they replaced,
+from bench/ranks_model.py's stated length model and two costs of a decoding step: an H200 roofline of each
+recipe's model, and this CPU's testbed engine measured at several batch sizes (`cpu_step`).
 """
 
 from __future__ import annotations
 
 import argparse
-import heapq
 import json
 import os
 import statistics
 import sys
 import tempfile
+import time
+from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
 from benchlib import machine
+from ranks_model import LENGTHS, busy_fractions, h200_decoder, measured_decoder, rank_seconds
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
+from probepo.engines.base import SamplingParams
+from probepo.engines.sampler import TorchGenerationEngine
 from probepo.execution import StageRequest, execute_stage
+from probepo.models.gpt import GPT
 from probepo.pipeline import ensure_warmup, freeze_recipe
 from probepo.presets import load_run_config
 from probepo.schedule import Stage
@@ -92,16 +104,7 @@ def sample_stage(config: RunConfig, store: ArtifactStore, run_id: str, ranks: in
 def busy_fraction(times: list[float], ranks: int, claiming: bool) -> float:
     """Decoding time over ranks × makespan, the chunks (in plan order) taken as the stage takes them
     (claiming: by the first rank free) or split statically (chunk c to rank c mod ranks)."""
-    finish = [0.0] * ranks
-    if claiming:
-        free = [(0.0, r) for r in range(ranks)]
-        for t in times:
-            at, r = heapq.heappop(free)
-            finish[r] = at + t
-            heapq.heappush(free, (finish[r], r))
-    else:
-        for c, t in enumerate(times):
-            finish[c % ranks] += t
+    finish = rank_seconds(times, ranks) if claiming else [sum(times[r::ranks]) for r in range(ranks)]
     return sum(times) / (ranks * max(finish))
 
 
@@ -147,9 +150,52 @@ def measure(name: str, config_of: Any, folder: Path, reps: int) -> dict[str, Any
     }
 
 
+def cpu_step(rows: tuple[int, ...] = (8, 32, 64, 128, 256), steps: int = 48, reps: int = 3) -> dict[str, Any]:
+    """Seconds per decoding step of the testbed engine (the embedded default's model, one thread) at each
+    batch size, medians of `reps`, and the least-squares line fixed_s + per_row_s × rows through them."""
+    torch.set_num_threads(1)
+    config = load_run_config(ROOT / "configs" / "cpu-demo.yaml")
+    engine = TorchGenerationEngine(GPT(config.model), max_batch_rows=max(rows))
+    params = SamplingParams(temperature=1.0, max_tokens=steps)  # no stop token: every row decodes `steps`
+    measured = {}
+    for batch in rows:
+        times = []
+        for rep in range(reps):
+            started = time.perf_counter()
+            engine.generate([[1] * 16], batch, params, rep)
+            times.append((time.perf_counter() - started) / steps)
+        measured[batch] = statistics.median(times)
+    per_row, fixed = np.polyfit(list(measured), list(measured.values()), 1)
+    return {
+        "seconds_per_step": {str(b): round(t, 6) for b, t in measured.items()},
+        "fixed_s": round(float(fixed), 6),
+        "per_row_s": round(float(per_row), 7),
+    }
+
+
+def recipes(draws: int) -> dict[str, Any]:
+    """Busy fractions of the study recipes' sample and probe on 8 ranks, under both step costs."""
+    step = cpu_step()
+    found: dict[str, Any] = {"cpu_step": step, "draws": draws}
+    for name in LENGTHS:
+        config = load_run_config(ROOT / "configs" / f"{name}.yaml")
+        found[name] = {
+            "lengths": asdict(LENGTHS[name]),
+            "h200_roofline": busy_fractions(config, name, h200_decoder(config, name), draws),
+            "cpu_measured": busy_fractions(
+                config, name, measured_decoder(step["fixed_s"], step["per_row_s"]), draws
+            ),
+        }
+        print(name, json.dumps(found[name]["h200_roofline"]), flush=True)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen"])
+    parser.add_argument(
+        "--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen", "recipes"]
+    )
+    parser.add_argument("--draws", type=int, default=16, help="recipes: updates drawn per recipe")
     parser.add_argument("--reps", type=int, default=4, help="runs of each arm (alternated)")
     args = parser.parse_args()
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # inherited by every rank
@@ -158,6 +204,8 @@ def main() -> None:
         folder = Path(tmp)
         if "testbed" in args.models:
             results["testbed"] = measure("testbed", testbed_config, folder / "testbed", args.reps)
+        if "recipes" in args.models:
+            results["recipes"] = recipes(args.draws)
         if "qwen" in args.models:
             sys.path.insert(0, str(ROOT))
             from tests.hf.tiny_qwen import build_tiny_qwen
@@ -166,11 +214,15 @@ def main() -> None:
             results["tiny_qwen2"] = measure(
                 "qwen", lambda store: qwen_config(store, model), folder / "qwen", args.reps
             )
-    results.update(
-        machine=machine(),
-        date=datetime.now(UTC).isoformat(timespec="minutes"),
-        command="python bench/ranks.py " + " ".join(sys.argv[1:]),
-    )
+    ran = {
+        "machine": machine(),
+        "date": datetime.now(UTC).isoformat(timespec="minutes"),
+        "command": "python bench/ranks.py " + " ".join(sys.argv[1:]),
+    }
+    if "recipes" in args.models:  # its own record: the measured models' figures keep theirs
+        results["recipes"].update(ran)
+    if {"testbed", "qwen"} & set(args.models):
+        results.update(ran)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))

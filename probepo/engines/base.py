@@ -57,6 +57,15 @@ class Completion:
 
 
 @dataclass(frozen=True)
+class Chunk:
+    """Prefixes decoded with one random stream (seeded `seed`), each with its limit of new tokens."""
+
+    prefixes: list[list[int]]
+    max_new_tokens: list[int]
+    seed: int
+
+
+@dataclass(frozen=True)
 class TrainBatch:
     """One update's training data: N responses with their prompts, the old log-probs from `score`, and
     token advantages; old_logp and advantages are [N, T] with T ≥ the longest response. loss_mask [N, T]
@@ -109,28 +118,32 @@ class GenerationEngine(Protocol):
         > 0, a continuation that reaches its limit without a stop token gets rescue_ids appended and up to
         rescue_tokens more tokens generated greedily (Completion.rescued).
 
-        The same as decoding each chunk of `chunks(prefixes, n)` alone, chunk c with `decode_chunk` and
-        seed `chunk_seed(seed, c)`: what the generating stages do, one shard per chunk, over any number of
-        ranks."""
+        The same as decoding each call of `calls` with `decode_chunks`, chunk c of `chunks(prefixes, n)`
+        with seed `chunk_seed(seed, c)`: what the generating stages do, one shard per call, over any number
+        of ranks."""
         ...
 
     def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
-        """The indices of the prefixes `continue_from` decodes together, chunk by chunk: a function of the
-        prefix lengths, n and the engine's batch rows only."""
+        """The indices of the prefixes `continue_from` decodes with one random stream, chunk by chunk: a
+        function of the prefix lengths, n and the engine's batch rows only."""
         ...
 
-    def decode_chunk(
+    def calls(self, chunk_count: int) -> list[list[int]]:
+        """The chunks (indices into `chunks`) decoded together by one engine call, call by call: a function
+        of the chunk count and the recipe's `sampling.shards` only, never of the ranks."""
+        ...
+
+    def decode_chunks(
         self,
-        prefixes: list[list[int]],
+        chunks: Sequence[Chunk],
         n: int,
         params: SamplingParams,
-        seed: int,
-        max_new_tokens: list[int],
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
-    ) -> list[list[Completion]]:
-        """`continue_from` of one chunk's prefixes, decoded together with randomness from `seed` alone."""
+    ) -> list[list[list[Completion]]]:
+        """`continue_from` of the chunks' prefixes in one engine call, each chunk with randomness from its
+        own seed alone; result[c][i][j] is sample j of prefix i of chunk c."""
         ...
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
@@ -143,6 +156,17 @@ def chunk_seed(seed: int, chunk: int) -> int:
     streams, so any chunk is decoded without the ones before it."""
     digest = hashlib.sha256(f"{seed}/chunk/{chunk}".encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
+
+
+def call_chunks(
+    prefixes: list[list[int]], max_new_tokens: list[int], plan: list[list[int]], call: list[int], seed: int
+) -> list[Chunk]:
+    """The chunks an engine call decodes: chunk c of `call` (indices into `plan`, each chunk's prefix
+    indices) with its prefixes, their limits and seed `chunk_seed(seed, c)`."""
+    return [
+        Chunk([prefixes[i] for i in plan[c]], [max_new_tokens[i] for i in plan[c]], chunk_seed(seed, c))
+        for c in call
+    ]
 
 
 class TrainerEngine(Protocol):

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file
 from torch import Tensor
 
-from probepo.engines.base import Completion, SamplingParams, chunk_seed
+from probepo.engines.base import Chunk, Completion, SamplingParams, call_chunks
 from probepo.models.gpt import GPT, WEIGHTS_FILE, KVCache
 from probepo.spend import ByteKind
 
@@ -26,20 +26,55 @@ C = TypeVar("C")
 """An engine's KV cache."""
 
 
+def chunk_plan(lengths: Sequence[int], n: int, batch_rows: int) -> list[list[int]]:
+    """The prefix indices decoded with one random stream, chunk by chunk: sorted by length (stable),
+    batch_rows // n prefixes at a time (at least one). A pure function of the lengths, n and the recipe's
+    batch rows (never of how many ranks share the work), so every rank and every resume makes the same
+    chunks."""
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    per_chunk = max(1, batch_rows // n)
+    return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
+
+
+def call_plan(chunk_count: int, shards: int | None) -> list[list[int]]:
+    """The chunks decoded together by one engine call, call by call. With `shards` (the recipe's
+    `sampling.shards`), the chunks (sorted by length) are dealt to the calls back and forth, 0, 1, …,
+    shards − 1, shards − 1, …, 0, 0, 1, …: every call holds a spread of the lengths with no call always the
+    longest of each round, so the calls take about as long, and the plan is the recipe's, never the ranks'.
+    Without, one call per chunk."""
+    if shards is None:
+        return [[c] for c in range(chunk_count)]
+    calls: list[list[int]] = [[] for _ in range(min(shards, chunk_count))]
+    for chunk in range(chunk_count):
+        round_, seat = divmod(chunk, shards)
+        calls[seat if round_ % 2 == 0 else shards - 1 - seat].append(chunk)
+    return calls
+
+
 class ChunkedDecoding(ABC):
     """What all generation engines share: calls split into chunks of prefixes sorted by length, each chunk
-    decoded by the engine's `_decode` with its own random generator on `device`, seeded from (the call's
-    seed, the chunk's index). A chunk is thus made alone, by any process, in any order, and gives the same
-    bits: the generating stages spread a call's chunks over ranks and commit each as a shard. Subclasses set
-    `device`, `max_batch_rows`, and the model's `vocab_size` and `context` (tokens a sequence may fill) that
-    calls are checked against."""
+    decoded with its own random stream, seeded from (the call's seed, the chunk's index), and the chunks
+    dealt into engine calls (`calls`). A chunk's samples are thus a function of the chunk alone wherever and
+    with whichever chunks it is decoded (bitwise on CPU; on GPU vLLM's batch-invariant mode promises it):
+    the generating stages spread the engine calls over ranks and commit each as a shard. Subclasses call
+    `_batching` and set `device` and the model's `vocab_size` and `context` (tokens a sequence may fill)
+    that calls are checked against."""
 
     device: torch.device
     max_batch_rows: int
+    shards: int | None
     vocab_size: int
     context: int
     handoff: ByteKind = "handoff_memory"
     """How a state dict given to `load_weights` reaches the engine (its spend counter): in memory here."""
+
+    def _batching(self, max_batch_rows: int, shards: int | None) -> None:
+        """Rows per chunk, and the engine calls a call's chunks are dealt into (None: one per chunk)."""
+        if max_batch_rows < 1:
+            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        if shards is not None and shards < 1:
+            raise ValueError(f"shards = {shards}: must be >= 1 (or None: one engine call per chunk)")
+        self.max_batch_rows, self.shards = max_batch_rows, shards
 
     def generate(
         self, prompts: list[list[int]], n: int, params: SamplingParams, seed: int
@@ -48,12 +83,12 @@ class ChunkedDecoding(ABC):
         return self.continue_from(prompts, n, params, seed, [params.max_tokens] * len(prompts))
 
     def chunks(self, prefixes: list[list[int]], n: int) -> list[list[int]]:
-        """The prefix indices decoded together, in order: sorted by length (stable), max_batch_rows // n
-        prefixes at a time. A pure function of the lengths, n and the recipe's batch rows (never of how many
-        ranks share the work), so every rank and every resume makes the same chunks."""
-        order = sorted(range(len(prefixes)), key=lambda i: len(prefixes[i]))
-        per_chunk = max(1, self.max_batch_rows // n)
-        return [order[i : i + per_chunk] for i in range(0, len(order), per_chunk)]
+        """`chunk_plan` of the prefixes' lengths with this engine's batch rows."""
+        return chunk_plan([len(p) for p in prefixes], n, self.max_batch_rows)
+
+    def calls(self, chunk_count: int) -> list[list[int]]:
+        """`call_plan` with this engine's shards."""
+        return call_plan(chunk_count, self.shards)
 
     def continue_from(
         self,
@@ -66,59 +101,47 @@ class ChunkedDecoding(ABC):
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
     ) -> list[list[Completion]]:
-        """n continuations of each prefix; see GenerationEngine.continue_from: chunk c of `chunks` decoded
-        by `decode_chunk` with seed `chunk_seed(seed, c)`."""
+        """n continuations of each prefix; see GenerationEngine.continue_from: each call of `calls` decoded
+        by `decode_chunks`, chunk c of `chunks` with seed `chunk_seed(seed, c)`."""
         rescue_len = _rescue_len(rescue_ids, rescue_tokens)
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)  # every prefix, before any decoding
+        plan = self.chunks(prefixes, n)
         results: list[list[Completion]] = [[] for _ in prefixes]
-        for index, chunk in enumerate(self.chunks(prefixes, n)):
-            decoded = self._decode_chunk(
-                [prefixes[i] for i in chunk],
-                n,
-                params,
-                chunk_seed(seed, index),
-                [max_new_tokens[i] for i in chunk],
-                rescue_ids,
-                rescue_len,
-            )
-            for i, row in zip(chunk, decoded, strict=True):
-                results[i] = row
+        for call in self.calls(len(plan)):
+            chunks = call_chunks(prefixes, max_new_tokens, plan, call, seed)
+            decoded = self._decode_chunks(chunks, n, params, rescue_ids, rescue_len)
+            for c, rows in zip(call, decoded, strict=True):
+                for i, row in zip(plan[c], rows, strict=True):
+                    results[i] = row
         return results
 
-    def decode_chunk(
+    def decode_chunks(
         self,
-        prefixes: list[list[int]],
+        chunks: Sequence[Chunk],
         n: int,
         params: SamplingParams,
-        seed: int,
-        max_new_tokens: list[int],
         *,
         rescue_ids: Sequence[int] = (),
         rescue_tokens: int = 0,
-    ) -> list[list[Completion]]:
-        """n continuations of each of `prefixes`, decoded together as one chunk with a generator seeded
-        `seed`: bitwise the same wherever and whenever it runs (on CPU; on CUDA as far as its kernels are
-        deterministic)."""
+    ) -> list[list[list[Completion]]]:
+        """n continuations of each prefix of each chunk, in one engine call, chunk c's randomness from
+        `chunks[c].seed` alone: bitwise the same wherever and whenever it runs (on CPU; on CUDA as far as
+        its kernels are deterministic)."""
         rescue_len = _rescue_len(rescue_ids, rescue_tokens)
-        self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)
-        return self._decode_chunk(prefixes, n, params, seed, max_new_tokens, rescue_ids, rescue_len)
+        for chunk in chunks:
+            self._check(chunk.prefixes, n, chunk.max_new_tokens, rescue_len, rescue_ids)
+        return self._decode_chunks(chunks, n, params, rescue_ids, rescue_len)
 
-    def _decode_chunk(
+    @abstractmethod
+    def _decode_chunks(
         self,
-        prefixes: list[list[int]],
+        chunks: Sequence[Chunk],
         n: int,
         params: SamplingParams,
-        seed: int,
-        max_new_tokens: list[int],
         rescue_ids: Sequence[int],
         rescue_len: int,
-    ) -> list[list[Completion]]:
-        """`decode_chunk` of a call already checked."""
-        generator = torch.Generator(device=self.device).manual_seed(seed)
-        rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
-        limits = torch.tensor(max_new_tokens, device=self.device)
-        with torch.inference_mode():
-            return self._decode(prefixes, n, params, limits, rescue, rescue_len, generator)
+    ) -> list[list[list[Completion]]]:
+        """`decode_chunks` of chunks already checked."""
 
     def _check(
         self,
@@ -149,23 +172,28 @@ class ChunkedDecoding(ABC):
                     f" context of {self.context} tokens"
                 )
 
-    @abstractmethod
-    def _decode(
-        self,
-        prefixes: list[list[int]],
-        n: int,
-        params: SamplingParams,
-        limits: Tensor,
-        rescue_ids: Tensor,
-        rescue_len: int,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        """n completions of each prefix of one chunk, decoded in lockstep."""
-
 
 class LockstepDecoding(ChunkedDecoding, Generic[C]):
-    """`_decode` as one lockstep loop over a KV cache of type C, for the engines that run the model
-    themselves (vLLM decodes on its own); they supply the model through the hooks below."""
+    """Each chunk of an engine call as one lockstep loop over a KV cache of type C, chunk after chunk, for
+    the engines that run the model themselves (vLLM decodes on its own); they supply the model through the
+    hooks below."""
+
+    def _decode_chunks(
+        self,
+        chunks: Sequence[Chunk],
+        n: int,
+        params: SamplingParams,
+        rescue_ids: Sequence[int],
+        rescue_len: int,
+    ) -> list[list[list[Completion]]]:
+        rescue = torch.tensor(list(rescue_ids), dtype=torch.long, device=self.device)
+        decoded = []
+        with torch.inference_mode():
+            for chunk in chunks:
+                generator = torch.Generator(device=self.device).manual_seed(chunk.seed)
+                limits = torch.tensor(chunk.max_new_tokens, device=self.device)
+                decoded.append(self._decode(chunk.prefixes, n, params, limits, rescue, rescue_len, generator))
+        return decoded
 
     @abstractmethod
     def _prefill(self, ids: Tensor, positions: Tensor, pad: Tensor, new_max: int) -> tuple[Tensor, C, Tensor]:
@@ -200,8 +228,8 @@ class LockstepDecoding(ChunkedDecoding, Generic[C]):
         rescue_len: int,
         generator: torch.Generator,
     ) -> list[list[Completion]]:
-        """Decodes n rows per prefix in lockstep. limits [P]: sampled tokens allowed per prefix; rows
-        reaching it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens.
+        """Decodes n rows per prefix of one chunk in lockstep. limits [P]: sampled tokens allowed per prefix;
+        rows reaching it enter the rescue phase when rescue_len > 0: forced rescue_ids, then greedy tokens.
         Finished rows are dropped from the batch once they are a quarter of it, so dead rows cost little."""
         device = self.device
         P, width = len(prefixes), max(map(len, prefixes))
@@ -281,13 +309,12 @@ class LockstepDecoding(ChunkedDecoding, Generic[C]):
 class TorchGenerationEngine(LockstepDecoding[KVCache]):
     """GenerationEngine on a GPT in this process. `max_batch_rows` caps the rows (prefixes × n) decoded
     together: 256 made probing cost about its token count on one core (bench/sampler.py), where one
-    batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ."""
+    batch of every probe paid for rows whose prefix lengths, and so whose remaining lengths, differ.
+    `shards` deals a call's chunks into engine calls (ChunkedDecoding)."""
 
-    def __init__(self, model: GPT, *, max_batch_rows: int = 256) -> None:
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+    def __init__(self, model: GPT, *, max_batch_rows: int = 256, shards: int | None = None) -> None:
+        self._batching(max_batch_rows, shards)
         self.model = model.eval()
-        self.max_batch_rows = max_batch_rows
         self.device = torch.device("cpu")
         self.vocab_size = model.config.vocab_size
         self.context = model.config.context

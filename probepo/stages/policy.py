@@ -348,9 +348,9 @@ def _weights_of(source: Path | TrainerEngine) -> Iterator[Path | dict[str, Tenso
 
 
 def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> GenerationEngine:
-    rows = ctx.config.sampling.batch_rows
+    batching = {"max_batch_rows": ctx.config.sampling.batch_rows, "shards": ctx.config.sampling.shards}
     if ctx.config.model.kind == "testbed":
-        generator = TorchGenerationEngine(GPT(ctx.config.model), max_batch_rows=rows)
+        generator = TorchGenerationEngine(GPT(ctx.config.model), **batching)
         hand_off(generator, weights)
         return generator
     # The model's layout (config, tokenizer) comes from a full checkpoint, policy k's weights after it.
@@ -370,7 +370,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
         generator = VLLMGenerationEngine(
             folder,
             dtype=model.dtype,
-            max_batch_rows=rows,
+            **batching,
             seed=ctx.config.seed,
             scratch=ctx.scratch,
             gpu_memory_utilization=model.vllm_memory,
@@ -378,9 +378,7 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
     else:
         from probepo.engines.hf import HFGenerationEngine
 
-        generator = HFGenerationEngine(
-            folder, dtype=model_dtype(model), device=torch_device(), max_batch_rows=rows
-        )
+        generator = HFGenerationEngine(folder, dtype=model_dtype(model), device=torch_device(), **batching)
     if layout is None:
         hand_off(generator, weights)
     return generator

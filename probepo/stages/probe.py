@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import torch
 
-from probepo import spend
 from probepo.algo.advantage import group_stats, shrink_values
 from probepo.methods import method_for
 from probepo.schedule import Stage
@@ -25,7 +24,7 @@ from probepo.stages.common import (
 )
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import generate_in_shards
+from probepo.stages.shards import generate_in_shards, graded_over_ranks
 from probepo.store.formats import tensors_to_bytes
 
 STAGE = Stage.PROBE
@@ -76,10 +75,9 @@ def run(ctx: StageContext) -> None:
                 rescued[row, slot] += sample.rescued
                 generated += len(sample.ids)
             trials[row, slot] = len(samples)
-        with spend.timed("grading"):  # one grading call
-            rewards = task.verify_many(texts, [rollouts.problems[row] for row, _ in owners])
-        for (row, slot), reward in zip(owners, rewards, strict=True):
-            successes[row, slot] += reward
+        outcomes = graded_over_ranks(ctx, task, texts, [rollouts.problems[row] for row, _ in owners])
+        for (row, slot), outcome in zip(owners, outcomes, strict=True):
+            successes[row, slot] += float(outcome == "correct")
     mean, _ = group_stats(rollouts.rewards, rollouts.group)
     kappa = algo.kappa if method_for(algo.algorithm).shrinks_values else 0.0
     values = shrink_values(successes, trials, mean[:, None], kappa=kappa)

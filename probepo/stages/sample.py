@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from probepo import spend
 from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
@@ -18,7 +17,7 @@ from probepo.schedule import Stage
 from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import generate_in_shards
+from probepo.stages.shards import generate_in_shards, graded_over_ranks
 from probepo.stages.trees import Forest
 from probepo.store.formats import table_to_parquet
 
@@ -68,8 +67,7 @@ def run(ctx: StageContext) -> None:
         for c in samples
     ]
     texts = [task.tokenizer.decode(c.ids) for _, _, _, c in flat]
-    with spend.timed("grading"):  # one grading call for all
-        outcomes = task.grade_many(texts, [problem for _, problem, _, _ in flat])
+    outcomes = graded_over_ranks(ctx, task, texts, [problem for _, problem, _, _ in flat])
     rows: dict[str, list] = {
         "group": [index for index, _, _, _ in flat],
         "prompt_ids": [prompt for _, _, prompt, _ in flat],

@@ -1,12 +1,13 @@
-"""The generating stages' unit of work and safe point: the chunks of an engine call (`engine.chunks`, fixed by
-the prefixes and the recipe's batch rows, never by the number of ranks), each decoded by whichever rank
-claims it and committed by that rank as a sub-stage `<stage>.shard-CCCC` (its completions, with the rank and
-GPU that made them). Ranks claim chunks from a counter their job shares (`distributed.claimed`), so a rank
-whose chunks came out shorter takes the next one. A chunk's randomness is its own (`chunk_seed`), so the
-stage is the same bits on any number of ranks, whoever made which chunk.
+"""The generating stages' unit of work and safe point: the engine calls of a step (`engine.calls` of its
+`engine.chunks`, fixed by the prefixes and the recipe's batch rows and shards, never by the number of ranks),
+each decoded by whichever rank claims it and committed by that rank as a sub-stage `<stage>.shard-CCCC` (its
+completions, with the rank and GPU that made them). Ranks claim calls from a counter their job shares
+(`distributed.claimed`), so a rank whose calls came out shorter takes the next one. A chunk's randomness is
+its own (`chunk_seed`), and a call's chunks are the recipe's, so the stage is the same bits on any number of
+ranks, whoever made which call.
 
-At a preemption signal a rank claims no further chunk; every rank then raises Preempted together (the chunks
-already committed stay), and the next attempt, on any number of ranks, makes only the missing chunks.
+At a preemption signal a rank claims no further call; every rank then raises Preempted together (the shards
+already committed stay), and the next attempt, on any number of ranks, makes only the missing ones.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from collections.abc import Sequence
 from contextlib import suppress
 
 from probepo import distributed, spend
+from probepo.data import Problem, Task
 from probepo.devices import assigned_gpu, gpu_index
-from probepo.engines.base import Completion, GenerationEngine, SamplingParams, chunk_seed
+from probepo.engines.base import Completion, GenerationEngine, SamplingParams, call_chunks
 from probepo.faults import fault_point
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
@@ -32,7 +34,7 @@ def shard_name(stage: str, chunk: int) -> str:
     return f"{stage}.shard-{chunk:04d}"
 
 
-def _committed_chunks(ctx: StageContext, stage: str) -> set[int]:
+def _committed_shards(ctx: StageContext, stage: str) -> set[int]:
     prefix = f"{stage}.shard-"
     names = ctx.store.committed_stages(ctx.run_id, ctx.update)
     return {int(name[len(prefix) :]) for name in names if name.startswith(prefix)}
@@ -52,51 +54,68 @@ def generate_in_shards(
     rescue_tokens: int = 0,
 ) -> list[list[Completion]]:
     """`engine.continue_from` with these arguments, over this job's ranks: every rank calls it alike, makes
-    the chunks it claims among those no attempt has committed, and gets every prefix's completions back
+    the calls it claims among those no attempt has committed, and gets every prefix's completions back
     (read from the committed shards). Raises Preempted on every rank when any rank's stop flag is up."""
     plan = engine.chunks(prefixes, n)
-    # rank 0's view, before any rank makes a chunk of this call: every rank must claim from the same list
+    calls = engine.calls(len(plan))
+    # rank 0's view, before any rank makes a call of this step: every rank must claim from the same list
     missing = distributed.broadcast_json(
-        sorted(set(range(len(plan))) - _committed_chunks(ctx, stage)) if distributed.rank() == 0 else None
+        sorted(set(range(len(calls))) - _committed_shards(ctx, stage)) if distributed.rank() == 0 else None
     )
     stop_here = distributed.own_flag(ctx.should_stop)
-    made: dict[int, list[list[Completion]]] = {}  # this rank's chunks: not read back from the store
+    made: dict[int, list[list[Completion]]] = {}  # this rank's calls: not read back from the store
     stopped = False
     for index in distributed.claimed(missing):
         fault_point(ctx.update, shard_name(stage, index), "claimed", stop_here)
-        if stop_here():  # a safe point: the chunk just claimed is left to the next attempt
+        if stop_here():  # a safe point: the call just claimed is left to the next attempt
             stopped = True
             break
-        chunk = plan[index]
+        chunks = call_chunks(prefixes, max_new_tokens, plan, calls[index], seed)
         started = time.perf_counter()
         with spend.timed("generation"):
-            completions = engine.decode_chunk(
-                [prefixes[i] for i in chunk],
-                n,
-                params,
-                chunk_seed(seed, index),
-                [max_new_tokens[i] for i in chunk],
-                rescue_ids=rescue_ids,
-                rescue_tokens=rescue_tokens,
+            decoded = engine.decode_chunks(
+                chunks, n, params, rescue_ids=rescue_ids, rescue_tokens=rescue_tokens
             )
         decode_s = time.perf_counter() - started
-        _commit_shard(ctx, shard_name(stage, index), chunk, completions, decode_s)
+        completions = [row for rows in decoded for row in rows]
+        _commit_shard(ctx, shard_name(stage, index), _prefixes_of(plan, calls[index]), completions, decode_s)
         made[index] = completions
     notes = ctx.attempt_notes  # rank 0's, summed over the calls of a stage (a tree grows by several)
-    notes["resumed_shards"] = notes.get("resumed_shards", 0) + len(plan) - len(missing)
+    notes["resumed_shards"] = notes.get("resumed_shards", 0) + len(calls) - len(missing)
     notes["shards_run"] = notes.get("shards_run", 0) + len(made)
     if distributed.any_rank(stopped):
-        kept = len(_committed_chunks(ctx, stage))
+        kept = len(_committed_shards(ctx, stage))
         raise Preempted(
-            f"preempted during {stage} of update {ctx.update}: {kept} of {len(plan)} shards committed"
+            f"preempted during {stage} of update {ctx.update}: {kept} of {len(calls)} shards committed"
         )
-    return _gather_shards(ctx, stage, plan, made)
+    return _gather_shards(ctx, stage, [_prefixes_of(plan, call) for call in calls], made)
+
+
+def graded_over_ranks(ctx: StageContext, task: Task, texts: list[str], problems: list[Problem]) -> list[str]:
+    """`task.grade_many(texts, problems)` on every rank, each answer graded by one rank only: rank r grades
+    answers r, r + world, … (a spread, as grading time varies with the answer), and the outcomes are
+    gathered. Rank 0's attempt notes `graded`: the answers each rank graded."""
+    world, rank = distributed.world_size(), distributed.rank()
+    with spend.timed("grading"):
+        mine = task.grade_many(texts[rank::world], problems[rank::world])
+    parts = distributed.all_gather_json(mine)
+    outcomes: list[str] = [""] * len(texts)
+    for part_rank, part in enumerate(parts):
+        outcomes[part_rank::world] = part
+    earlier = ctx.attempt_notes.get("graded", [0] * world)  # a stage may grade several times (suites)
+    ctx.attempt_notes["graded"] = [count + len(part) for count, part in zip(earlier, parts, strict=True)]
+    return outcomes
+
+
+def _prefixes_of(plan: list[list[int]], call: list[int]) -> list[int]:
+    """The prefix indices an engine call decodes, chunk after chunk."""
+    return [i for c in call for i in plan[c]]
 
 
 def _commit_shard(
-    ctx: StageContext, name: str, chunk: list[int], completions: list[list[Completion]], decode_s: float
+    ctx: StageContext, name: str, prefixes: list[int], completions: list[list[Completion]], decode_s: float
 ) -> None:
-    rows = [(i, c) for i, samples in zip(chunk, completions, strict=True) for c in samples]
+    rows = [(i, c) for i, samples in zip(prefixes, completions, strict=True) for c in samples]
     table = {
         "prefix": [i for i, _ in rows],
         "ids": [c.ids for _, c in rows],
@@ -104,7 +123,7 @@ def _commit_shard(
         "rescued": [c.rescued for _, c in rows],
     }
     summary = {
-        "prefixes": len(chunk),
+        "prefixes": len(prefixes),
         # who made it: the rank, its node and process, and the GPU it was given (as the scheduler names it,
         # and its index among the GPUs the rank sees, which its engines were built on)
         "rank": distributed.rank(),
@@ -121,23 +140,24 @@ def _commit_shard(
 
 
 def _gather_shards(
-    ctx: StageContext, stage: str, plan: list[list[int]], made: dict[int, list[list[Completion]]]
+    ctx: StageContext, stage: str, shards: list[list[int]], made: dict[int, list[list[Completion]]]
 ) -> list[list[Completion]]:
-    """Every prefix's completions: those of the chunks this rank `made`, the others from their shards of
-    `stage`, each checked to hold its chunk's prefixes."""
-    results: list[list[Completion]] = [[] for chunk in plan for _ in chunk]
-    for index, chunk in enumerate(plan):
+    """Every prefix's completions: those of the calls this rank `made`, the others from their shards of
+    `stage`, each checked to hold its call's prefixes (`shards`: each call's prefix indices)."""
+    results: list[list[Completion]] = [[] for shard in shards for _ in shard]
+    for index, shard in enumerate(shards):
         if index in made:
-            for i, samples in zip(chunk, made[index], strict=True):
+            for i, samples in zip(shard, made[index], strict=True):
                 results[i] = samples
             continue
         name = shard_name(stage, index)
         table = table_from_parquet(ctx.read(name)[SHARD_TABLE])
-        if sorted(set(map(int, table["prefix"]))) != sorted(chunk):
+        if sorted(set(map(int, table["prefix"]))) != sorted(shard):
             raise RuntimeError(
-                f"{name} of update {ctx.update} of run {ctx.run_id} holds other prefixes than chunk {index}"
-                " of this call: it was committed with other prefixes or batch rows (sampling.batch_rows);"
-                " a stage's recipe must not change once its shards are committed"
+                f"{name} of update {ctx.update} of run {ctx.run_id} holds other prefixes than call {index}"
+                " of this step: it was committed with other prefixes, batch rows or shards"
+                " (sampling.batch_rows, sampling.shards); a stage's recipe must not change once its shards"
+                " are committed"
             )
         for prefix, ids, reason, rescued in zip(
             table["prefix"], table["ids"], table["finish_reason"], table["rescued"], strict=True

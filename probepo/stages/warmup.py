@@ -25,6 +25,9 @@ STAGE = Stage.WARMUP
 MODEL_FILES = ("model.safetensors", "config.json")
 KEY_FIELDS = ("task", "model", "sampling", "warmup")
 """The parts of a run's config that determine its warm-up checkpoint."""
+KEY_LEFT_OUT = {"sampling": {"shards"}}
+"""Fields of KEY_FIELDS outside the key: how a stage groups its chunks into engine calls never reaches the
+warm-up, whose checks decode on an engine of their own (and the key must not move when such a field comes)."""
 KEY_VERSION = 2
 """Bumped whenever the warm-up computes something else from the same settings, so that a store made by
 older code never serves its warm-up as current (2: checks seeded from the key, not the run seed)."""
@@ -32,7 +35,10 @@ older code never serves its warm-up as current (2: checks seeded from the key, n
 
 def warmup_run_id(config: RunConfig) -> str:
     """The warm-up run shared by every run with the same task, model, sampling and warm-up settings."""
-    key = {name: getattr(config, name).model_dump(mode="json") for name in KEY_FIELDS}
+    key = {
+        name: getattr(config, name).model_dump(mode="json", exclude=KEY_LEFT_OUT.get(name))
+        for name in KEY_FIELDS
+    }
     key["version"] = KEY_VERSION
     return "warmup-" + hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 

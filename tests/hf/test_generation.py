@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from probepo.engines.base import SamplingParams, chunk_seed
+from probepo.engines.base import SamplingParams, call_chunks
 from probepo.engines.hf import HFGenerationEngine
 from probepo.engines.hf.generation import sample_categorical
 
@@ -138,7 +138,8 @@ def test_any_chunk_decoded_alone_is_bitwise_the_calls(model):
     assert len(plan) == len(PROMPTS)
     for index in reversed(range(len(plan))):
         [i] = plan[index]
-        alone = engine.decode_chunk([PROMPTS[i]], 3, SAMPLE, chunk_seed(11, index), [SAMPLE.max_tokens])
+        limits = [SAMPLE.max_tokens] * len(PROMPTS)
+        [alone] = engine.decode_chunks(call_chunks(PROMPTS, limits, plan, [index], 11), 3, SAMPLE)
         assert alone == [whole[i]]
 
 

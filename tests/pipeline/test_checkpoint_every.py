@@ -75,7 +75,7 @@ class StageSpy:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.current: tuple[int, str] | None = None
         self.generation_calls: list[tuple[int, str]] = []
-        original_execute, original_decode = execution.execute_stage, TorchGenerationEngine.decode_chunk
+        original_execute, original_decode = execution.execute_stage, TorchGenerationEngine.decode_chunks
 
         def execute(ctx: StageContext, stage: Stage, job_id: str | None = None) -> None:
             self.current = (ctx.update, stage)
@@ -84,12 +84,12 @@ class StageSpy:
             finally:
                 self.current = None
 
-        def decode_chunk(engine, *args, **kwargs):
+        def decode_chunks(engine, *args, **kwargs):
             self.generation_calls.append(self.current)
             return original_decode(engine, *args, **kwargs)
 
         monkeypatch.setattr(execution, "execute_stage", execute)
-        monkeypatch.setattr(TorchGenerationEngine, "decode_chunk", decode_chunk)
+        monkeypatch.setattr(TorchGenerationEngine, "decode_chunks", decode_chunks)
 
 
 @pytest.mark.integration

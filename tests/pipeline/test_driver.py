@@ -161,33 +161,37 @@ def test_resume_of_a_recipe_this_version_cannot_read_is_one_line_and_exit_2(warm
     assert "start a new run id" in result.stderr
 
 
+@pytest.mark.parametrize(("shards", "sample_shards"), [(None, 4), (2, 2)])
 def test_a_probe_preempted_between_shards_resumes_after_its_last_shard_bitwise(
-    warm_store, monkeypatch, tmp_path
+    warm_store, monkeypatch, tmp_path, shards, sample_shards
 ):
-    """Sample and probe commit each decoded chunk as a shard: a preempted probe stops after one and its
-    next attempt decodes only the chunks after it, ending bitwise where an uninterrupted run ends."""
-    config = with_overrides(tiny_config("probepo", num_updates=1), **{"sampling.batch_rows": 6})
-    train(config, "sharded-whole", store=warm_store)
-    assert (
-        len([s for s in warm_store.committed_stages("sharded-whole", 0) if s.startswith("sample.shard-")])
-        == 4
-    )
+    """Sample and probe commit each engine call as a shard (a chunk each, or with sampling.shards the
+    chunks dealt into that many calls): a preempted probe stops after one and its next attempt decodes only
+    the calls after it, ending bitwise where an uninterrupted run without shards ends (dealing chunks into
+    calls changes no bit on CPU)."""
+    whole = with_overrides(tiny_config("probepo", num_updates=1), **{"sampling.batch_rows": 6})
+    if not warm_store.committed("sharded-whole", 1, "checkpoint"):
+        train(whole, "sharded-whole", store=warm_store)
+    run_id = f"sharded-{shards}"
     mark = tmp_path / "paused"
     monkeypatch.setenv(PAUSE_ENV, "0:probe.shard-0000:after-commit")
     monkeypatch.setenv(PAUSE_MARK_ENV, str(mark))
     sender = threading.Thread(target=lambda: os.kill(_wait_for_mark(mark), signal.SIGUSR2), daemon=True)
     sender.start()
+    config = with_overrides(whole, **{"sampling.shards": shards})
     with pytest.raises(Preempted, match=r"during probe of update 0: 1 of \d+ shards committed"):
-        train(config, "sharded", store=warm_store)
+        train(config, run_id, store=warm_store)
     sender.join()
     monkeypatch.delenv(PAUSE_ENV)
-    train(config, "sharded", store=warm_store)
-    attempts = warm_store.attempts("sharded", 0, "probe")
+    train(config, run_id, store=warm_store)
+    made = [s for s in warm_store.committed_stages(run_id, 0) if s.startswith("sample.shard-")]
+    assert len(made) == sample_shards
+    attempts = warm_store.attempts(run_id, 0, "probe")
     assert [a["outcome"] for a in attempts] == ["preempted", "committed"]
     assert attempts[-1]["resumed_shards"] == 1 and attempts[-1]["shards_run"] >= 1
     for name in ("model.safetensors", "optimizer.safetensors"):
         assert (
-            warm_store.read_stage("sharded", 1, "checkpoint")[name]
+            warm_store.read_stage(run_id, 1, "checkpoint")[name]
             == warm_store.read_stage("sharded-whole", 1, "checkpoint")[name]
         )
 

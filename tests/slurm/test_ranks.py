@@ -1,6 +1,7 @@
 """Generation over the ranks of a job, on the real SLURM cluster with its fake GPU gres: sample, probe and
-evaluate split their chunks over 1, 2 or 3 ranks (each rank its own engine, on its own GPU) and commit the
-same bits; a preempted 2-rank sample keeps the chunks one rank committed, and its next attempt, on 2 ranks
+evaluate split their engine calls over 1, 2 or 3 ranks (each rank its own engine, on its own GPU), a call a
+chunk or the chunks dealt into 2 calls (sampling.shards), commit the same bits, and grade each answer on one
+rank only; a preempted 2-rank sample keeps the chunks one rank committed, and its next attempt, on 2 ranks
 or on 1, makes only the missing ones.
 
 The fake GPUs are /dev/null devices: nothing computes on them, but SLURM hands them out as it would real
@@ -17,6 +18,7 @@ import yaml
 from probepo.config import ExecutionProfile, StageResources
 from probepo.pipeline import train
 from probepo.store import ArtifactStore
+from probepo.store.formats import table_from_parquet, tensors_from_bytes
 from tests.pipeline.conftest import tiny_config
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import TIMEOUT_S, Drill, slurm
@@ -28,10 +30,11 @@ GENERATED = {"sample": "rollouts.parquet", "probe": "values.safetensors", "evalu
 LOW = StageResources(partition="low", time_min=15, signal_grace_s=30)
 
 
-def ranks_config():
+def ranks_config(shards: int | None = None):
     """The drill recipe with 4 rows per chunk: 4 chunks of sample, one probe prefix per chunk, one eval
-    problem per chunk, so every rank has several chunks to make."""
-    return drill_config(sampling={**tiny_config().sampling.model_dump(), "batch_rows": 4})
+    problem per chunk, so every rank has several chunks to make; `shards`: the engine calls they are dealt
+    into (None: a call per chunk)."""
+    return drill_config(sampling={**tiny_config().sampling.model_dump(), "batch_rows": 4, "shards": shards})
 
 
 def write_profile(folder, stages: dict[str, StageResources]):
@@ -80,25 +83,29 @@ def test_generation_is_the_same_bits_on_one_two_and_three_ranks(
     warm_store, inline_ranks, tmp_path, slurm_cluster
 ):
     every = on_gpus(3, gpus_per_node=3)
-    runs = {  # run id → (executor, the stages' resources, ranks per generating stage)
+    runs = {  # run id → (executor, the stages' resources, ranks per generating stage, engine calls)
         "ranks-resident-2": (
             "resident",
             {"driver": on_gpus(2, gpus_per_node=2)},
             dict.fromkeys(GENERATED, 2),
+            None,
         ),
-        "ranks-resident-3": ("resident", {"driver": every}, dict.fromkeys(GENERATED, 3)),
+        "ranks-resident-3": ("resident", {"driver": every}, dict.fromkeys(GENERATED, 3), None),
+        # the chunks dealt into 2 engine calls a step: on the lockstep engines the same bits as a call each
+        "ranks-resident-3-calls": ("resident", {"driver": every}, dict.fromkeys(GENERATED, 3), 2),
         "ranks-stage-jobs": (
             "slurm",
             # generation alone may take one GPU per task; the trainer's stages stay on one rank here
             {"sample": on_gpus(2, gpus_per_node=2), "probe": on_gpus(3, gpus_per_task=1), "evaluate": every},
             {"sample": 2, "probe": 3, "evaluate": 3},
+            None,
         ),
     }
     drills = []
-    for run_id, (executor, stages, _) in runs.items():
+    for run_id, (executor, stages, _, calls) in runs.items():
         folder = tmp_path / run_id
         folder.mkdir()
-        drill = Drill(warm_store, run_id, folder, write_profile(folder, stages), ranks_config())
+        drill = Drill(warm_store, run_id, folder, write_profile(folder, stages), ranks_config(calls))
         drill.executor = executor
         drill.train()
         drills.append(drill)
@@ -107,11 +114,14 @@ def test_generation_is_the_same_bits_on_one_two_and_three_ranks(
 
     reference = generated(warm_store, inline_ranks)
     assert len(reference) == 5  # sample, probe, evaluate of updates 0 and 1, the final policy
-    for run_id, (_, _, ranks) in runs.items():
+    for run_id, (_, _, ranks, calls) in runs.items():
         assert generated(warm_store, run_id) == reference, run_id
         for stage, world in ranks.items():
             made = shards(warm_store, run_id, stage)
             assert made and all(0 <= shard["rank"] < world for shard in made), (run_id, stage)
+            if calls is not None:  # a shard a call: `calls` of them per step
+                assert len(made) % calls == 0 and {s["prefixes"] for s in made} != {1}, (run_id, stage)
+            assert_graded_once(warm_store, run_id, stage, world)
             # each rank on a GPU of its own (jobs running side by side hold different GPUs of the node):
             # visible GPU r of the job's (gpus_per_node), or the one GPU its task sees (gpus_per_task)
             gpus = {shard["rank"]: (shard["gpu"], shard["gpu_index"]) for shard in made}
@@ -120,6 +130,24 @@ def test_generation_is_the_same_bits_on_one_two_and_three_ranks(
             assert all(index == (0 if per_task else rank) for rank, (_, index) in gpus.items()), gpus
     inline = shards(warm_store, inline_ranks, "sample")
     assert {(s["rank"], s["gpu"]) for s in inline} == {(0, None)}  # no GPU on this machine
+
+
+def assert_graded_once(store: ArtifactStore, run_id: str, stage: str, world: int) -> None:
+    """Each answer of the committed attempts of `stage` was graded by one rank: every rank notes its count,
+    and the counts sum to the rows graded (sample's rollouts, probe's continuations), as even as can be."""
+    for update, stages in store.ledger_entries(run_id).items():
+        if stage not in stages:
+            continue
+        graded = store.attempts(run_id, update, stage)[-1]["graded"]
+        assert len(graded) == world, (run_id, update, stage, graded)
+        if stage in ("sample", "probe"):  # one grading call: the counts differ by one at most
+            assert max(graded) - min(graded) <= 1, (run_id, update, stage, graded)
+        if stage == "sample":
+            rows = len(table_from_parquet(store.read_stage(run_id, update, stage)[GENERATED[stage]])["group"])
+            assert sum(graded) == rows, (run_id, update, graded, rows)
+        if stage == "probe":
+            trials = tensors_from_bytes(store.read_stage(run_id, update, stage)[GENERATED[stage]])["trials"]
+            assert sum(graded) == int(trials.sum()), (run_id, update, graded)
 
 
 def preempted_two_rank_sample(warm_store, tmp_path, run_id: str) -> Drill:

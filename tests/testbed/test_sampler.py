@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from probepo.config import ModelConfig, SamplingConfig
-from probepo.engines.base import SamplingParams, chunk_seed
-from probepo.engines.sampler import TorchGenerationEngine, sample_tokens
+from probepo.engines.base import SamplingParams, call_chunks
+from probepo.engines.sampler import TorchGenerationEngine, call_plan, sample_tokens
 from probepo.models import GPT, save_model
 
 EOS = 2
@@ -168,8 +168,36 @@ def test_any_chunk_decoded_alone_is_bitwise_the_calls(engine):
     assert len(plan) == 3 and sorted(i for chunk in plan for i in chunk) == list(range(8))
     for index in reversed(range(len(plan))):  # any order
         chunk = plan[index]
-        alone = small.decode_chunk(
-            [batch[i] for i in chunk], 2, params, chunk_seed(7, index), [params.max_tokens] * len(chunk)
-        )
+        limits = [params.max_tokens] * len(batch)
+        [alone] = small.decode_chunks(call_chunks(batch, limits, plan, [index], 7), 2, params)
         assert alone == [whole[i] for i in chunk]
     assert small.generate(batch, 2, params, 8) != whole
+
+
+@pytest.mark.parametrize(
+    ("chunks", "shards", "calls"),
+    [
+        (5, None, [[0], [1], [2], [3], [4]]),
+        (5, 2, [[0, 3, 4], [1, 2]]),
+        (5, 8, [[0], [1], [2], [3], [4]]),
+        (16, 8, [[c, 15 - c] for c in range(8)]),
+        (40, 8, [[c, 15 - c, 16 + c, 31 - c, 32 + c] for c in range(8)]),
+    ],
+)
+def test_chunks_are_dealt_into_calls_by_the_recipe(chunks, shards, calls):
+    """The chunks (sorted by length) are dealt back and forth: each call a spread of the lengths, none always
+    the longest of a round, so the calls take about as long (bench/ranks.py)."""
+    assert call_plan(chunks, shards) == calls
+
+
+def test_chunks_decode_alike_in_any_call(engine):
+    """A chunk's rows are its own seed's, whichever chunks share its engine call: dealing a step's chunks
+    into calls (sampling.shards) changes no bit on the lockstep engines."""
+    params = SamplingParams(temperature=1.0, max_tokens=12, stop_token_ids=(EOS,))
+    batch = prompts(8)
+    one_per_chunk = TorchGenerationEngine(engine.model, max_batch_rows=4).generate(batch, 2, params, 7)
+    dealt = TorchGenerationEngine(engine.model, max_batch_rows=4, shards=3)
+    assert dealt.calls(len(dealt.chunks(batch, 2))) == [[0], [1], [2, 3]]
+    assert dealt.generate(batch, 2, params, 7) == one_per_chunk
+    with pytest.raises(ValueError, match="shards = 0"):
+        TorchGenerationEngine(engine.model, shards=0)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from probepo import distributed
 from probepo.devices import gpu_index
-from probepo.engines.base import chunk_seed
+from probepo.engines.base import call_chunks
 from slurm.ranks import job_ranks
 from tests.hf.test_generation import PROMPTS, SAMPLE
 
@@ -30,10 +30,8 @@ def generate_on_ranks(folder: str) -> dict:
     plan = engine.chunks(PROMPTS, 4)
     made = {}
     for index in distributed.claimed(list(range(len(plan)))):
-        chunk = plan[index]
-        rows = engine.decode_chunk(
-            [PROMPTS[i] for i in chunk], 4, SAMPLE, chunk_seed(SEED, index), [SAMPLE.max_tokens] * len(chunk)
-        )
+        limits = [SAMPLE.max_tokens] * len(PROMPTS)
+        [rows] = engine.decode_chunks(call_chunks(PROMPTS, limits, plan, [index], SEED), 4, SAMPLE)
         made[index] = [[(c.ids, c.finish_reason) for c in row] for row in rows]
     engine.close()
     survived = distributed.any_rank(True)  # a collective on the job's group, after vLLM stopped

@@ -10,7 +10,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from probepo.engines.base import SamplingParams, chunk_seed
+from probepo.engines.base import SamplingParams, call_chunks
 from probepo.engines.hf import HFGenerationEngine
 from tests.hf.test_generation import DOT, GREEDY, PROMPTS, SAMPLE
 
@@ -104,10 +104,20 @@ def test_samples_are_seeded_and_any_chunk_alone_is_the_calls(vllm_engine):
     assert vllm_engine.generate(PROMPTS, 4, SAMPLE, 11) == uninterrupted
     assert vllm_engine.generate(PROMPTS, 4, SAMPLE, 12) != uninterrupted
     chunk = plan[1]
-    alone = vllm_engine.decode_chunk(
-        [PROMPTS[i] for i in chunk], 4, SAMPLE, chunk_seed(11, 1), [SAMPLE.max_tokens] * len(chunk)
-    )
+    limits = [SAMPLE.max_tokens] * len(PROMPTS)
+    [alone] = vllm_engine.decode_chunks(call_chunks(PROMPTS, limits, plan, [1], 11), 4, SAMPLE)
     assert alone == [uninterrupted[i] for i in chunk]
+
+
+def test_chunks_decoded_in_one_call_are_each_chunk_decoded_alone(vllm_engine):
+    """sampling.shards groups chunks into one vLLM call: on this CPU a row's samples do not depend on the rows
+    beside it in the batch (each request has its own seeded generator), so the grouping leaves the bits."""
+    plan = vllm_engine.chunks(PROMPTS, 4)
+    chunks = call_chunks(PROMPTS, [SAMPLE.max_tokens] * len(PROMPTS), plan, list(range(len(plan))), 11)
+    together = vllm_engine.decode_chunks(chunks, 4, SAMPLE)
+    assert together == [vllm_engine.decode_chunks([chunk], 4, SAMPLE)[0] for chunk in chunks]
+    whole = vllm_engine.generate(PROMPTS, 4, SAMPLE, 11)  # a call per chunk
+    assert together == [[whole[i] for i in chunk] for chunk in plan]
 
 
 def test_load_weights_reloads_in_place_never_stale(vllm_engine, model, tiny_qwen, tmp_path):

