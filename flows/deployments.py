@@ -33,12 +33,16 @@ SITE_FILE = ROOT / "site.yaml"
 """The checkout's own site file (git-ignored), where PROBEPO_SITE names none."""
 
 
-def load_site(path: Path | None) -> tuple[SiteConfig, Path]:
-    """The site's settings and the folder its relative paths start from: `path`, else $PROBEPO_SITE, else
-    `site.yaml` in the checkout, else none (every deployment keeps its defaults)."""
+def site_file(path: Path | None = None) -> Path | None:
+    """The site file in force: `path`, else $PROBEPO_SITE, else `site.yaml` in the checkout, else none."""
     named = path or (Path(os.environ[SITE_ENV]) if os.environ.get(SITE_ENV) else None)
-    if named is None and SITE_FILE.is_file():
-        named = SITE_FILE
+    return SITE_FILE if named is None and SITE_FILE.is_file() else named
+
+
+def load_site(path: Path | None) -> tuple[SiteConfig, Path]:
+    """The site's settings and the folder its relative paths start from, from `site_file(path)`; without
+    one, the defaults (every deployment keeps its own)."""
+    named = site_file(path)
     if named is None:
         return SiteConfig(), ROOT
     try:

@@ -36,20 +36,19 @@ from prefect.states import Cancelled, Failed, State
 
 from flows.runner import shown_in_prefect
 from probepo import spend
-from probepo.config import ExecutionProfile, RunConfig
+from probepo.config import RunConfig
 from probepo.costs import RunCosts
 from probepo.errors import ExecutionError
-from probepo.execution import StageRunner
 from probepo.pipeline import recorded_updates, resume_point
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
-from probepo.preflight import Refused
+from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
 from probepo.report import load_curves, markdown
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
 from slurm import JobRunner
-from slurm.check import check_launch
+from slurm.check import launchable
 from slurm.costs import run_costs, stage_totals
 from slurm.executors import ExecutorName
 from slurm.holders import holder_ended
@@ -169,17 +168,20 @@ def publish_report(store: ArtifactStore, run_id: str, costs: RunCosts) -> None:
     create_markdown_artifact(report, key=artifact_key(run_id, "report"), description=f"run {run_id}: report")
 
 
-def launchable(
-    config: RunConfig | dict[str, Any], executor: str, profile: str | None
-) -> tuple[RunConfig, ExecutionProfile, StageRunner, list[str]]:
-    """What the train flow checks before it submits anything (`probepo check`'s checks, bar the probe
-    job: recipe, profile, executor and its site, model, data, store) as the recipe, the profile, the stage
-    runner and the warnings; raises Refused naming every problem found."""
-    checked = check_launch(config, executor, profile)
-    checked.findings.refuse()
-    assert checked.config is not None and checked.profile is not None and checked.executor is not None
-    runner = checked.executor.runner(checked.backend, checked.profile)  # its backend checked already
-    return checked.config, checked.profile, runner, checked.findings.warnings
+def worker_lacks(config: RunConfig | dict[str, Any]) -> list[str]:
+    """A refusal's last problem where the worker's environment lacks what the run reads (a worker started
+    by cron or systemd has only what its env file sets): none where it lacks nothing."""
+    try:
+        recipe = config if isinstance(config, RunConfig) else validate_run_config(config, "config")
+    except ConfigError:
+        return []
+    missing = missing_environment(recipe)
+    if not missing:
+        return []
+    return [
+        f"the worker's environment has no {'; '.join(missing)}: set them in its env file"
+        f" (~/.probepo/worker/env; {WORKER_ENV_EXAMPLE} lists what the flows read)"
+    ]
 
 
 def _drive(
@@ -197,7 +199,7 @@ def _drive(
         store = store or open_store(config.store)
         show_resume_point(store, run_id, config)
     except Refused as exc:
-        return refused(f"run {run_id}", exc.problems)
+        return refused(f"run {run_id}", [*exc.problems, *worker_lacks(config)])
     except StoreError as exc:
         return refused(f"run {run_id}", [str(exc)])
     published = Published(store, run_id, config.num_updates)

@@ -83,16 +83,42 @@ ProfileOption = Annotated[
 PRESET_DIR = Path(__file__).resolve().parent.parent / "configs"
 
 
-def _execution(executor: str, profile: Path | None) -> tuple[StageRunner, ExecutionProfile]:
-    """The stage runner for --executor/--profile, checked before anything is submitted, and the profile
-    (its checkpoint retention)."""
-    from slurm import make_runner
+NoCheckOption = Annotated[
+    bool,
+    typer.Option(
+        "--no-check",
+        metavar="",
+        help="Skip the checks `probepo check` makes before anything runs (recipe, profile, cluster, model,"
+        " data, store): a problem they would name then shows when a stage meets it.",
+    ),
+]
 
+
+def _execution(
+    config: RunConfig, executor: str, profile: Path | None, store: str | None, check: bool
+) -> tuple[StageRunner, ExecutionProfile]:
+    """The stage runner for --executor/--profile and the profile (its checkpoint retention), after the
+    checks `probepo launch` makes (refused in one line, exit 2) unless `check` is off, which it says."""
+    from probepo.preflight import Refused
+    from slurm import make_runner
+    from slurm.check import launchable
+
+    if not check:
+        typer.echo("checks skipped (--no-check)", err=True)
+        try:
+            execution = load_profile(profile)
+            return make_runner(executor, execution), execution
+        except (ConfigError, ExecutionError) as exc:
+            raise _failed(exc) from None
     try:
-        execution = load_profile(profile)
-        return make_runner(executor, execution), execution
-    except (ConfigError, ExecutionError) as exc:
-        raise _failed(exc) from None
+        _, execution, runner, warnings = launchable(
+            config, executor, str(profile) if profile else None, store=store
+        )
+    except Refused as exc:
+        raise fail(f"refused: {exc}; `probepo check` lists every finding, --no-check skips them") from None
+    for warning in warnings:
+        typer.echo(f"warning: {warning}", err=True)
+    return runner, execution
 
 
 def _failed(exc: ExecutionError | ConfigError | StoreError) -> typer.Exit:
@@ -243,10 +269,13 @@ def train(
     take_over: TakeOverOption = False,
     executor: ExecutorOption = "inline",
     profile: ProfileOption = None,
+    no_check: NoCheckOption = False,
 ) -> None:
-    """Train (or resume) a run from a preset: every stage of every update is committed to the store."""
+    """Train (or resume) a run from a preset: every stage of every update is committed to the store, after
+    the checks of `probepo check` (--no-check skips them)."""
     run_config = _preset_config(config, algo, updates, sets)
     command = f"probepo train {config} --run-id {run_id}"
+    store = store or os.environ.get("PROBEPO_STORE")
     _train(
         run_config,
         run_id,
@@ -255,7 +284,7 @@ def train(
         quiet=quiet,
         take_over=take_over,
         command=command,
-        execution=_execution(executor, profile),
+        execution=_execution(run_config, executor, profile, store, not no_check),
     )
 
 
@@ -281,9 +310,9 @@ def launch(
     flow's checks run here first (the same one-line refusal); a worker of the deployment's pool runs it;
     PREFECT_API_URL names the server."""
     run_config = _preset_config(config, algo, updates, sets)
-    from flows.train import launchable
     from probepo.launch import LaunchError, create_flow_run
     from probepo.preflight import Refused
+    from slurm.check import launchable
 
     try:
         *_, warnings = launchable(run_config, executor, str(profile) if profile else None)
@@ -317,10 +346,12 @@ def resume(
     take_over: TakeOverOption = False,
     executor: ExecutorOption = "inline",
     profile: ProfileOption = None,
+    no_check: NoCheckOption = False,
 ) -> None:
     """Continue a run from what the store holds (its frozen recipe): committed stages are skipped, and a
     stage's job still pending or running is waited for, not submitted again. The executor and profile may
-    differ from the run's earlier ones: the bits do not."""
+    differ from the run's earlier ones: the bits do not. The checks of `probepo check` run first
+    (--no-check skips them)."""
     from probepo.pipeline import extend_run, recorded_updates
 
     try:
@@ -348,7 +379,7 @@ def resume(
         quiet=quiet,
         take_over=take_over,
         command=f"probepo resume {run_id}",
-        execution=_execution(executor, profile),
+        execution=_execution(config, executor, profile, opened.url, not no_check),
     )
 
 

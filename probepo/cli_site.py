@@ -4,8 +4,9 @@ recipe reads, put in one folder for compute nodes without internet; probepo/stag
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -21,8 +22,13 @@ def check(
         str | None, typer.Option("--store", help="The store the run would use (default: the recipe's).")
     ] = None,
     executor: Annotated[
-        str, typer.Option("--executor", help="inline, local, slurm or resident, as train would use.")
-    ] = "slurm",
+        str | None,
+        typer.Option(
+            "--executor",
+            help="inline, local, slurm or resident, as train would use; default: the site's (its site file),"
+            " else inline for the testbed or where no SLURM is installed, else resident.",
+        ),
+    ] = None,
     probe_job: Annotated[
         bool,
         typer.Option(
@@ -41,6 +47,9 @@ def check(
 
     try:
         fields = preset_fields(config)
+        if executor is None:
+            executor, why = default_executor(fields)
+            typer.echo(f"executor: {executor} ({why}; --executor chooses another)")
     except ConfigError as exc:
         typer.echo(f"FAIL {exc}")
         raise typer.Exit(2) from None
@@ -63,6 +72,22 @@ def check(
     typer.echo(f"{verdict}: {len(found.failures)} failure(s), {len(found.warnings)} warning(s)")
     if found.failures:
         raise typer.Exit(2)
+
+
+def default_executor(fields: dict[str, Any]) -> tuple[str, str]:
+    """The executor a run of the recipe `fields` would take, and why: the site file's, else inline for the
+    testbed (it needs no cluster) or where this machine has no SLURM, else resident (the scale path: one
+    job runs every stage, its engines resident). Raises ConfigError for a site file that does not read."""
+    from flows.deployments import load_site, site_file
+
+    named = site_file()
+    if named is not None:
+        return load_site(named)[0].executor, f"the site's, {named}"
+    if fields.get("model", {}).get("kind", "testbed") == "testbed":
+        return "inline", "the testbed runs in this process"
+    if shutil.which("sbatch") is None:
+        return "inline", "no SLURM on this machine (sbatch is not on PATH)"
+    return "resident", "a cluster recipe: one job runs every stage, its engines resident"
 
 
 def stage(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -188,11 +189,13 @@ def trainer_memory_gb(config: RunConfig, parameters: int, ranks: int) -> dict[st
     }
 
 
-def memory_warning(
+def memory_findings(
     config: RunConfig, parameters: int, ranks: int, gpu_memory_gb: float | None, resident: bool
-) -> str:
+) -> Findings:
     """The trainer's memory per GPU in numbers, against the GPU's memory when the profile gives it, and
-    vLLM's share of the GPU when the engine shares it with the trainer (`resident`)."""
+    vLLM's share of the GPU when the engine shares it with the trainer (`resident`): a failure when the
+    estimate (before activations) is more than the GPU leaves it, a warning when there is nothing to
+    compare it with."""
     parts = trainer_memory_gb(config, parameters, ranks)
     need = sum(parts.values())
     sharding = f"ZeRO-{config.model.zero_stage}" if config.model.trainer == "deepspeed" else "the hf trainer"
@@ -202,12 +205,16 @@ def memory_warning(
         f" {need:.1f} GB per GPU ({detail}) before activations"
     )
     if gpu_memory_gb is None:
-        return text + "; give the profile's gpu_memory_gb to compare it with the GPUs"
+        return Findings(warnings=[text + "; give the profile's gpu_memory_gb to compare it with the GPUs"])
     share = config.model.vllm_memory if resident and config.model.generator == "vllm" else 0.0
     left = gpu_memory_gb * (1 - share)
-    verdict = "leaving" if need <= left else "MORE than"
-    vllm = f" after vLLM's {share:.0%}" if share else ""
-    return f"{text}: {verdict} the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}"
+    vllm = f" after vLLM's {share:.0%} (model.vllm_memory)" if share else ""
+    if need <= left:
+        return Findings(passed=[f"{text}: leaving the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}"])
+    fix = "shard further (model.zero_stage: 3), add ranks, or lower model.vllm_memory"
+    return Findings(
+        failures=[f"{text}: MORE than the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}; {fix}"]
+    )
 
 
 def benchmark_names(config: RunConfig) -> list[str]:
@@ -317,6 +324,40 @@ def store_findings(url: str) -> Findings:
     passed = f"store: {url}: {runs} run(s), writable, conditional requests honoured"
     notes = "; ".join(found.workarounds())
     return Findings(passed=[f"{passed} ({notes})" if notes else passed])
+
+
+WORKER_ENV_EXAMPLE = "infra/prefect/worker.env.example"
+"""The documented environment file of a Prefect worker (what the flows need, each line explained)."""
+
+
+def missing_environment(config: RunConfig) -> list[str]:
+    """What this process's environment lacks that a run of `config` reads from it, each with what for: a
+    Prefect worker (started by cron or systemd, with an empty environment) has only what its env file sets.
+    An S3 store wants credentials (a credentials file, a profile or keys; an instance role cannot be seen
+    from here) and a region; a model named by hub id, HF_HUB_OFFLINE and a cache (nodes have no internet);
+    the maths benchmarks without `task.benchmarks_root`, PROBEPO_BENCHMARKS."""
+    env = os.environ
+    missing = []
+    if config.store.startswith("s3://"):
+        sources = ("AWS_SHARED_CREDENTIALS_FILE", "AWS_PROFILE", "AWS_ACCESS_KEY_ID")
+        if (
+            not any(env.get(name) for name in sources)
+            and not (Path.home() / ".aws" / "credentials").is_file()
+        ):
+            missing.append(f"{' or '.join(sources)} (the S3 store's credentials)")
+        if not (env.get("AWS_REGION") or env.get("AWS_DEFAULT_REGION")):
+            missing.append("AWS_REGION (the S3 store's region)")
+    if config.model.kind == "hf" and not Path(config.model.pretrained).exists():
+        if not env.get("HF_HUB_OFFLINE"):
+            missing.append(
+                f"HF_HUB_OFFLINE=1 (model.pretrained = {config.model.pretrained} from the local cache)"
+            )
+        if not (env.get("HF_HUB_CACHE") or env.get("HF_HOME")):
+            missing.append("HF_HUB_CACHE (the Hugging Face cache the nodes share)")
+    benchmarks = config.task.kind == "math" and config.task.source == "benchmarks"
+    if benchmarks and config.task.benchmarks_root is None and not env.get("PROBEPO_BENCHMARKS"):
+        missing.append("PROBEPO_BENCHMARKS (the benchmark files' folder)")
+    return missing
 
 
 def preflight(config: RunConfig) -> tuple[Findings, ModelFiles]:

@@ -269,6 +269,7 @@ class SlurmBackend:
         partitions = []
         for named, resources in by_resources.values():
             findings.extend(site.stage_findings(found, ", ".join(named), resources))
+            findings.extend(site.grace_findings(found, ", ".join(named), resources))
             partitions.append(resources.partition or found.default_partition or "")
         findings.extend(site.preemption_findings(found, partitions, self.profile))
         return findings.extend(site.job_folder_findings(found, self.profile, partitions))

@@ -6,24 +6,29 @@ on request, a one-minute probe job that imports what the recipe needs in the job
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 import os
 import shlex
 import shutil
 import socket
 import sys
+import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.errors import ExecutionError
-from probepo.preflight import Findings, memory_warning, preflight, tied_parameters
+from probepo.execution import StageRunner
+from probepo.preflight import Findings, memory_findings, preflight, store_findings, tied_parameters
 from probepo.presets import ConfigError, load_profile, validate_run_config
 from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend
-from slurm.check_spend import spend_findings
+from slurm.check_spend import scratch_need, spend_findings
 from slurm.executors import Executor, executor_for
 
 PROBE_JOB_WAIT_S = 300.0
@@ -40,6 +45,9 @@ class Checked:
     executor: Executor | None = None
     backend: Backend | None = None
     """The executor's backend, checked (None: in process, or it did not answer)."""
+    scratch_bytes: int | None = None
+    """What the trainer's job writes to its node's scratch ($TMPDIR) at most in one update, by the spend
+    model (None: the model's size is unknown)."""
 
 
 def check_launch(
@@ -85,6 +93,9 @@ def check_launch(
             found.extend(_memory(checked.config, checked.profile, checked.executor, model.parameters))
             tied = tied_parameters(model.folder)
             found.extend(spend_findings(checked.config, checked.profile, executor, model.parameters, tied))
+            checked.scratch_bytes = scratch_need(
+                checked.config, checked.profile, executor, model.parameters, tied
+            )
         refusal = resident_refusal(checked.config.checkpoint_every)
         if refusal and checked.executor is not None and not checked.executor.resident:
             found.failures.append(f"executor {executor}: {refusal}")
@@ -93,10 +104,25 @@ def check_launch(
             found.warnings.append(f"--probe-job: executor {executor} runs no jobs, so none was submitted")
         return checked
     found.extend(_python_findings(checked.profile))
+    found.extend(site_way_findings(checked.profile, checked.executor.stages))
     found.extend(backend.site_findings(checked.executor.stages))
     if probe_job and not found.failures:
         found.extend(run_probe_job(checked, backend))
     return checked
+
+
+def launchable(
+    config: RunConfig | dict[str, Any], executor: str, profile: str | None, *, store: str | None = None
+) -> tuple[RunConfig, ExecutionProfile, StageRunner, list[str]]:
+    """What a launch checks before it submits anything (`probepo check`'s checks, bar the probe job: recipe,
+    profile, executor and its site, model, data, store) as the recipe, the profile, the stage runner and
+    the warnings; raises Refused naming every problem found. The train flow, `probepo launch`, `train` and
+    `resume` all run it."""
+    checked = check_launch(config, executor, profile, store=store)
+    checked.findings.refuse()
+    assert checked.config is not None and checked.profile is not None and checked.executor is not None
+    runner = checked.executor.runner(checked.backend, checked.profile)  # its backend checked already
+    return checked.config, checked.profile, runner, checked.findings.warnings
 
 
 def _python_findings(profile: ExecutionProfile) -> Findings:
@@ -119,12 +145,40 @@ def _python_findings(profile: ExecutionProfile) -> Findings:
     return Findings(passed=[f"python: jobs start `{profile.python}`"])
 
 
+def site_way_findings(profile: ExecutionProfile, stages: Iterable[str]) -> Findings:
+    """Two ways of a site that a job's batch script does not provide by itself. pyxis starts the ranks in
+    the image (`--container-image` among srun_args), where `python:` should name the image's interpreter
+    (`python3`): unset, the job starts this machine's interpreter path inside the image. Lmod's `module`
+    is a shell function the batch script (a non-login shell, the environment cut to the allow-list) does
+    not have: a `module` setup line needs the site's Lmod init sourced before it."""
+    found = Findings()
+    for where, resources in {
+        (f"stages.{stage}" if stage in profile.stages else "defaults"): profile.resources(stage)
+        for stage in stages
+    }.items():
+        if profile.python is None and any(arg.startswith("--container-image") for arg in resources.srun_args):
+            found.warnings.append(
+                f"{where}: srun_args start the ranks in a container image, and the profile's python is"
+                f" unset, so they run {sys.executable} inside it: set `python: python3` (the image's"
+                " interpreter, with probepo installed in the image)"
+            )
+        commands = [line.split()[:1] for line in resources.setup]
+        before = commands[: commands.index(["module"])] if ["module"] in commands else None
+        if before is not None and ["source"] not in before and ["."] not in before:
+            found.warnings.append(
+                f"{where}: a setup line runs `module`, which the job's batch script lacks (a non-login shell"
+                " given only the allow-listed environment): source the site's Lmod init before it, e.g."
+                " `source /etc/profile.d/lmod.sh` (or `source $LMOD_PKG/init/bash`)"
+            )
+    return found
+
+
 def _trainer_stage(executor: Executor) -> Stage:
     return Stage.DRIVER if Stage.DRIVER in executor.stages else Stage.OPTIMIZE
 
 
 def _memory(config: RunConfig, profile: ExecutionProfile, executor: Executor, parameters: int) -> Findings:
-    """The trainer's memory per GPU as a warning with its numbers, where the trainer's job has GPUs."""
+    """The trainer's memory per GPU against the GPU's (memory_findings), where the trainer's job has GPUs."""
     if executor.in_process:
         return Findings()
     resources = profile.resources(_trainer_stage(executor))
@@ -133,7 +187,7 @@ def _memory(config: RunConfig, profile: ExecutionProfile, executor: Executor, pa
         return Findings()
     ranks = resources.nodes * resources.tasks_per_node
     resident = _trainer_stage(executor) == Stage.DRIVER
-    return Findings(warnings=[memory_warning(config, parameters, ranks, resources.gpu_memory_gb, resident)])
+    return memory_findings(config, parameters, ranks, resources.gpu_memory_gb, resident)
 
 
 def needed_modules(config: RunConfig | None) -> list[str]:
@@ -146,9 +200,11 @@ def needed_modules(config: RunConfig | None) -> list[str]:
     return modules
 
 
-def job_environment(modules: list[str]) -> dict[str, Any]:
-    """Run inside the probe job: the interpreter, each module's version (or its import error) and the GPUs
-    the job sees."""
+def job_environment(modules: list[str], store_url: str) -> dict[str, Any]:
+    """Run inside the probe job: the interpreter, each module's version (or its import error), the GPUs,
+    CPUs and memory the job sees, its $TMPDIR's free space, and the store's check (a listing, a write, a
+    read back and a delete under the store's prefix, and its conditional writes) with the credentials the
+    job was given."""
     versions: dict[str, str] = {}
     for name in modules:
         try:
@@ -161,12 +217,18 @@ def job_environment(modules: list[str]) -> dict[str, Any]:
         gpus = f"{torch.cuda.device_count()} CUDA device(s)"
         if torch.cuda.is_available():
             gpus += ": " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
+    scratch = tempfile.gettempdir()
     return {
         "host": socket.gethostname(),
         "python": sys.executable,
         "versions": versions,
         "gpus": gpus,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
+        "cpus": len(os.sched_getaffinity(0)),
+        "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
+        "tmpdir": scratch,
+        "tmpdir_free": shutil.disk_usage(scratch).free,
+        "store": dataclasses.asdict(store_findings(store_url)),
     }
 
 
@@ -177,7 +239,10 @@ def run_probe_job(checked: Checked, backend: Backend) -> Findings:
     resources = checked.profile.resources(stage).model_copy(update={"time_min": 5})
     folder = Path(checked.profile.job_folder).resolve() / "check"
     modules = needed_modules(checked.config)
-    (job,) = backend.submit_arrays(job_environment, [modules], resources, folder)[0]
+    store = checked.config.store if checked.config is not None else ""
+    (job,) = backend.submit_arrays(
+        functools.partial(job_environment, store_url=store), [modules], resources, folder
+    )[0]
     deadline = time.monotonic() + PROBE_JOB_WAIT_S
     while not job.done():
         if time.monotonic() > deadline:
@@ -194,12 +259,53 @@ def run_probe_job(checked: Checked, backend: Backend) -> Findings:
     except Exception as exc:  # the job's own failure, with its stderr
         lines = str(exc).strip().splitlines()
         return Findings(failures=[f"probe job {job.job_id} failed: {lines[-1] if lines else exc}"])
-    broken = {name: v for name, v in report["versions"].items() if v.startswith("ERROR")}
-    text = ", ".join(f"{name} {version}" for name, version in report["versions"].items())
+    return probe_report_findings(f"probe job {job.job_id} on {report['host']}", report, checked.scratch_bytes)
+
+
+def probe_report_findings(where: str, report: dict[str, Any], scratch_bytes: int | None) -> Findings:
+    """The probe job's report as findings: its interpreter and modules (vLLM at the version the engine is
+    written against), its store check (a failure there is the job's credentials or network, which the
+    login node's own check cannot see), and its $TMPDIR against what the trainer writes there."""
+    from probepo.engines.vllm_engine import VLLM_VERSION
+
+    found = Findings()
+    versions = report["versions"]
+    text = ", ".join(f"{name} {version}" for name, version in versions.items())
     line = (
-        f"probe job {job.job_id} on {report['host']}: {report['python']}; {text}; {report['gpus']}"
-        f" (CUDA_VISIBLE_DEVICES {report['CUDA_VISIBLE_DEVICES']})"
+        f"{where}: {report['python']}; {text}; {report['gpus']} (CUDA_VISIBLE_DEVICES"
+        f" {report['CUDA_VISIBLE_DEVICES']}); {report['cpus']} CPU(s), {report['memory_bytes'] / 1e9:.1f} GB"
+        " of memory on the node"
     )
-    if broken:
-        return Findings(failures=[f"{line}: fix the profile's setup lines so the job's Python has them"])
-    return Findings(passed=[line])
+    if any(version.startswith("ERROR") for version in versions.values()):
+        found.failures.append(f"{line}: fix the profile's setup lines so the job's Python has them")
+    elif "vllm" in versions and versions["vllm"] != VLLM_VERSION:
+        found.failures.append(
+            f"{line}: the vLLM engine is written and tested against vllm {VLLM_VERSION}: install the `gpu`"
+            " extra (pip install -e '.[gpu]') in the job's Python"
+        )
+    else:
+        found.passed.append(line)
+    store = report["store"]
+    found.passed += [f"{where}: {passed}" for passed in store["passed"]]
+    found.failures += [
+        f"{where}: {failure} — from inside the job, with its own environment: jobs get only the"
+        " allow-listed variables (AWS_* settings, never keys or tokens), so give them a credentials file"
+        " (AWS_SHARED_CREDENTIALS_FILE on a shared file system) or an instance role, and the endpoint and"
+        " proxy settings (env_allow_extra)"
+        for failure in store["failures"]
+    ]
+    free, folder = report["tmpdir_free"], report["tmpdir"]
+    if scratch_bytes is None:
+        found.passed.append(f"{where}: $TMPDIR {folder}, {free / 1e9:.1f} GB free")
+    elif free < scratch_bytes:
+        found.failures.append(
+            f"{where}: $TMPDIR {folder} has {free / 1e9:.1f} GB free, less than the"
+            f" {scratch_bytes / 1e9:.1f} GB an update writes there (a checkpoint's save, by the spend model):"
+            " export TMPDIR to a larger local disk in the profile's setup lines"
+        )
+    else:
+        found.passed.append(
+            f"{where}: $TMPDIR {folder}, {free / 1e9:.1f} GB free for the {scratch_bytes / 1e9:.1f} GB an"
+            " update writes there"
+        )
+    return found

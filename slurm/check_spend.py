@@ -47,6 +47,17 @@ def recipe_shape(
     )
 
 
+def scratch_need(
+    config: RunConfig, profile: ExecutionProfile, executor: str, parameters: int, tied: int = 0
+) -> int:
+    """The most bytes one update writes to a node's scratch ($TMPDIR) by the spend model: a checkpoint
+    update's save, shared by the node's ranks."""
+    found = estimate(recipe_shape(config, profile, executor, parameters, tied))
+    written = max(found.plain.bytes.get("scratch", 0), found.checkpoint.bytes.get("scratch", 0))
+    resources = trainer_resources(profile, executor)
+    return written // (resources.nodes if resources is not None else 1)
+
+
 def spend_findings(
     config: RunConfig, profile: ExecutionProfile, executor: str, parameters: int, tied: int = 0
 ) -> Findings:

@@ -7,8 +7,11 @@ store before waiting, watch it, and decide what its end means.
 - The job's own attempt records (written by `execute_stage` inside it, with its job id) say what the stage
   did: committed, preempted, failed (the stage's own error: never submitted again), or nothing at all
   (killed outright, the node failed, out of memory, past its time limit: submitted again, at most
-  `max_resubmits` times). A preempted SLURM job requeued itself and is still alive: the driver keeps
-  waiting. Exactly-once comes from the store's markers, never from the scheduler.
+  `max_resubmits` times in a row; a job that committed any of its work before dying starts the count over).
+  A preempted SLURM job requeued itself and is still alive: the driver keeps waiting. Exactly-once comes
+  from the store's markers, never from the scheduler.
+- A driver that starts closes the records of the run's jobs that ended while no driver watched (judged
+  from the store as above), so `probepo jobs` shows what they did.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -97,41 +101,90 @@ class JobRunner:
         """Waits between two polls (seconds, the stop flag)."""
         self.submissions = 0
         """Jobs this runner submitted (re-attaching submits nothing)."""
+        self._swept: set[str] = set()
+        """Runs whose jobs that ended unwatched this runner has closed (`_close_unwatched`)."""
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         store = ctx.store
+        self._close_unwatched(store, request)
         job = self._in_flight(store, request)
-        died = 0
+        died, since = 0, ""  # deaths in a row (none of them after any commit of the job's), since when
         while True:
             if job is None:
                 job = self._submit(store, request)
             wait = functools.partial(self._wait, store, request, job, ctx)
             info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
-            if self._finished(store, request):
-                self._close(store, request, job, info, JobOutcome.COMMITTED)
+            outcome, attempt = self._judged(store, request, job)
+            if outcome == JobOutcome.COMMITTED:
+                self._close(store, request, job, info, outcome)
                 return
-            attempt = self._last_attempt(store, request, job["job_id"])
-            said = AttemptOutcome.of(attempt) if attempt else None
             tail = self.backend.stderr_tail(Path(job["folder"]), job["job_id"])
             where = (
                 f"{request.describe()}: job {job['job_id']} ended {info.state}"
                 f"{f' (exit {info.exit_code})' if info.exit_code else ''}"
             )
-            if said == AttemptOutcome.FAILED:
-                error = AttemptOutcome.error_of(attempt)
-                self._close(store, request, job, info, JobOutcome.FAILED, error=error)
+            if outcome == JobOutcome.FAILED:
+                error = AttemptOutcome.error_of(attempt or {})
+                self._close(store, request, job, info, outcome, error=error)
                 raise StageFailed(f"{where}, the stage failed: {error}; end of its stderr:\n{tail}")
-            if said != AttemptOutcome.PREEMPTED:  # died without committing (or never started): submit again
-                died += 1
-                self._close(store, request, job, info, JobOutcome.DIED)
+            self._close(store, request, job, info, outcome)
+            if outcome == JobOutcome.DIED:  # died without committing the stage (or never started)
+                # a job that committed part of its work (a shard, a part, an update) made progress: a
+                # weeks-long run is stopped by deaths in a row, never by two deaths days apart
+                progressed = self._progress(store, request) > job.get("progress_at_submit", 0)
+                died, since = (1, job["ended_at"]) if progressed or not died else (died + 1, since)
                 if died > self.profile.max_resubmits:
                     raise StageFailed(
-                        f"{where} without committing, {died} times in a row (max_resubmits ="
-                        f" {self.profile.max_resubmits}); end of its stderr:\n{tail}"
+                        f"{where} without committing: {died} deaths in a row since {since}, none after"
+                        f" a commit of its work (max_resubmits = {self.profile.max_resubmits}); end of its"
+                        f" stderr:\n{tail}"
                     )
-            else:
-                self._close(store, request, job, info, JobOutcome.PREEMPTED)
             job = None
+
+    def _judged(
+        self, store: ArtifactStore, request: StageRequest, job: Mapping[str, Any]
+    ) -> tuple[JobOutcome, dict[str, Any] | None]:
+        """What an ended job's end means, from the store (never from the scheduler's state), and the job's
+        last attempt record: the stage committed, failed with its own error, preempted, or died."""
+        if self._finished(store, request):
+            return JobOutcome.COMMITTED, None
+        attempt = self._last_attempt(store, request, str(job["job_id"]))
+        said = AttemptOutcome.of(attempt) if attempt else None
+        if said == AttemptOutcome.FAILED:
+            return JobOutcome.FAILED, attempt
+        return (JobOutcome.PREEMPTED if said == AttemptOutcome.PREEMPTED else JobOutcome.DIED), attempt
+
+    def _progress(self, store: ArtifactStore, request: StageRequest) -> int:
+        """How much of the stage's work is committed: the stage and its sub-stages (shards, parts, tree
+        levels). Grows whenever a job commits any of it."""
+        names = store.committed_stages(request.run_id, request.update)
+        return sum(name == request.stage or name.startswith(f"{request.stage}.") for name in names)
+
+    def _close_unwatched(self, store: ArtifactStore, request: StageRequest) -> None:
+        """Once per run: close the records of this executor's jobs of the run that ended while no driver
+        watched (a driver killed while they ran), judged as `run` judges an ending, so `probepo jobs` shows
+        what they did. Jobs still pending or running stay open, and so does the last job of the stage at
+        hand: its driver re-attaches to them (reporting a failure as a watched one would)."""
+        if request.run_id in self._swept:
+            return
+        self._swept.add(request.run_id)
+        records = self.open_jobs(store, request.run_id)
+        if not records:
+            return
+        ids = {str(r["job_id"]): r.get("submitted_epoch", 0.0) for r in records}
+        infos = self.backend.states(list(ids), ids)
+        for record in records:
+            info = infos[str(record["job_id"])]
+            if info.alive or (record["update"], record["stage"]) == (request.update, request.stage):
+                continue  # alive: re-attached to; the stage at hand: `run` re-attaches and judges it itself
+            at = replace(request, update=record["update"], stage=record["stage"])
+            outcome, attempt = self._judged(store, at, record)
+            error = (
+                {"error": AttemptOutcome.error_of(attempt)}
+                if outcome == JobOutcome.FAILED and attempt
+                else {}
+            )
+            self._close(store, at, dict(record), info, outcome, unwatched="true", **error)
 
     def open_jobs(self, store: ArtifactStore, run_id: str) -> list[dict[str, Any]]:
         """The run's jobs of this executor that no driver saw end (pending, running, or ended unseen)."""
@@ -198,6 +251,7 @@ class JobRunner:
             "submitted_epoch": time.time(),
             "resources": resources.model_dump(mode="json"),
             "outcome": JobOutcome.OPEN,
+            "progress_at_submit": self._progress(store, request),
         }
         job["submission_id"] = store.record_job(request.run_id, request.update, request.stage, job)
         return job
@@ -280,6 +334,10 @@ class DriverJobRunner(JobRunner):
         from probepo.pipeline import resume_point
 
         return resume_point(store, request.run_id, request.config).done
+
+    def _progress(self, store: ArtifactStore, request: StageRequest) -> int:
+        """Everything the run has committed: the driver job runs every stage of every update."""
+        return sum(len(names) for names in store.ledger_entries(request.run_id).values())
 
     @staticmethod
     def _last_attempt(store: ArtifactStore, request: StageRequest, job_id: str) -> dict[str, Any] | None:

@@ -248,6 +248,27 @@ def preemption_findings(site: Site, partitions: Iterable[str], profile: Executio
     )
 
 
+def grace_findings(site: Site, where: str, resources: StageResources) -> Findings:
+    """A stage on a preemptable partition whose GraceTime (signal to kill at preemption) is shorter than
+    the stage's `signal_grace_s` (the time it may need to reach its safe point) is refused: preempted, it
+    would be killed before it commits, and its work since the last commit lost."""
+    name = resources.partition or site.default_partition or ""
+    partition = site.partitions.get(name)
+    preempts = site.config.get("PreemptType", "preempt/none") != "preempt/none"
+    if partition is None or not preempts or partition.preempt_mode.upper() == "OFF":
+        return Findings()
+    if partition.grace_s >= resources.signal_grace_s:
+        return Findings()
+    return Findings(
+        failures=[
+            f"{where}: signal_grace_s = {resources.signal_grace_s} s is longer than partition {name}'s"
+            f" GraceTime ({partition.grace_s} s): a preempted job is killed that long after its signal,"
+            " before the stage may reach its safe point; lower signal_grace_s to it (the stage must then"
+            " commit that fast) or ask the admins for a GraceTime of at least signal_grace_s"
+        ]
+    )
+
+
 def job_folder_findings(site: Site | None, profile: ExecutionProfile, partitions: Iterable[str]) -> Findings:
     """The job folder is writable here and, where jobs run on other machines, not a machine's own."""
     folder = Path(profile.job_folder).resolve()

@@ -123,7 +123,7 @@ wide_partition() {
   local all
   all=$(IFS=,; echo "${NODE_NAMES[*]}")
   echo "# wide: every node, for jobs of several nodes (the other partitions hold node 1 alone)."
-  echo "PartitionName=wide Nodes=$all PriorityTier=1 GraceTime=10 MaxTime=INFINITE State=UP"
+  echo "PartitionName=wide Nodes=$all PriorityTier=1 GraceTime=60 MaxTime=INFINITE State=UP"
 }
 # Timeouts and intervals are short so that tests see state changes within seconds.
 cat >"$ETC/slurm.conf.new" <<EOF
@@ -193,11 +193,12 @@ JobAcctGatherFrequency=task=10
 # Fake GPUs (see gres.conf).
 GresTypes=gpu
 $(node_lines)
-# GraceTime=10: a preempted job has 10 s between its signal and the kill (then requeue).
-PartitionName=low Nodes=$NODE Default=YES PriorityTier=1 GraceTime=10 MaxTime=INFINITE State=UP
+# GraceTime=60: a preempted job has 60 s between its signal and the kill (then requeue): at least every
+# test profile's signal_grace_s (the default 60), which probepo check requires of a preemptable partition.
+PartitionName=low Nodes=$NODE Default=YES PriorityTier=1 GraceTime=60 MaxTime=INFINITE State=UP
 PartitionName=high Nodes=$NODE PriorityTier=2 PreemptMode=OFF MaxTime=INFINITE State=UP
 # short: at most an hour a job (what probepo check compares a stage's time limit with in the tests).
-PartitionName=short Nodes=$NODE PriorityTier=1 GraceTime=10 MaxTime=60 State=UP
+PartitionName=short Nodes=$NODE PriorityTier=1 GraceTime=60 MaxTime=60 State=UP
 $(wide_partition)
 EOF
 mv "$ETC/slurm.conf.new" "$ETC/slurm.conf"

@@ -46,10 +46,17 @@ DEFAULT_ENV_ALLOW = (
     "HF_HUB_OFFLINE",
     "TRANSFORMERS_OFFLINE",
     "TORCH_EXTENSIONS_DIR",
+    "HTTP_PROXY",
+    "HTTPS_PROXY",
+    "NO_PROXY",
+    "http_proxy",
+    "https_proxy",
+    "no_proxy",
     "PROBEPO_*",
 )
 """What a job sees of the submitting environment by default: paths, locale, thread counts (bitwise
-equality depends on them), where the AWS settings and credential files are, and probepo's own settings.
+equality depends on them), where the AWS settings and credential files are, the proxies a site reaches its
+store through, and probepo's own settings.
 Never credentials themselves: a job reaches S3 through a shared credentials file or an instance role."""
 
 SBATCH_EXTRA = frozenset(
@@ -150,7 +157,9 @@ class StageResources(Strict):
 
     signal_grace_s: int = Field(60, ge=1)
     """Seconds of warning (sbatch --signal=USR2@<s>): SLURM sends USR2 this long before the time limit,
-    and at preemption. The stage commits at its next safe point, then the job requeues itself."""
+    and at preemption. The stage commits at its next safe point, then the job requeues itself. At
+    preemption the job is killed the partition's GraceTime after the signal: `probepo check` refuses a
+    value longer than the GraceTime of a preemptable partition."""
 
     constraint: str | None = None
     """Node features required (sbatch --constraint), e.g. `h200`."""
@@ -220,7 +229,9 @@ class ExecutionProfile(Strict):
 
     max_resubmits: int = Field(2, ge=0)
     """A job that died without committing (node failure, out of memory, SIGKILL, time limit) is submitted
-    again at most this many times; a stage's own error is never resubmitted."""
+    again at most this many times in a row: a job that committed any of its work (a shard, a part; for the
+    resident job any stage) before it died starts the count over, so deaths days apart never end a run.
+    A stage's own error is never resubmitted."""
 
     poll_s: float = Field(1.0, gt=0)
     """Seconds between the driver's polls of a job's state (one sacct call each) after a change: a job

@@ -48,6 +48,10 @@ from probepo.engines.base import Chunk, Completion, FinishReason, SamplingParams
 from probepo.engines.sampler import ChunkedDecoding
 from probepo.spend import ByteKind
 
+VLLM_VERSION = "0.32.0"
+"""The vLLM release this engine is written and tested against (its worker extension and reload path use
+that release's internals): the `gpu` extra pins it, and `probepo check --probe-job` compares a job's."""
+
 SEED_RANGE = 2**31 - 1
 
 

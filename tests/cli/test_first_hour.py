@@ -248,3 +248,43 @@ def test_demo_gains_carry_their_standard_error(warm_store, preset, tmp_path):
     assert "gain ± s.e." in text and text.count(" ± ") >= 2
     assert "within noise" in text or "more than two standard errors" in text
     assert "both arms learn" not in text
+
+
+def test_train_runs_the_checks_first_and_no_check_says_it_skips_them(tmp_path, preset):
+    (tmp_path / "afile").write_text("not a folder")
+    bad = str(tmp_path / "afile" / "store")
+    line = one_error_line(probepo("train", str(preset), "--run-id", "x", "--store", bad))
+    assert line.startswith("error: refused: ") and "--no-check skips them" in line
+    skipped = probepo("train", str(preset), "--run-id", "x", "--store", bad, "--no-check")
+    line = one_error_line(skipped)  # the store's own error, met when the run opens it
+    assert "checks skipped (--no-check)" in skipped.stderr and "refused" not in line and bad in line
+
+
+def test_check_takes_the_executor_a_run_would_and_says_which(tmp_path):
+    """The testbed on a machine without SLURM passes (inline, its default), and a site file's executor
+    is the default where there is one."""
+    no_slurm = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PROBEPO_SITE"))}
+    command = [
+        sys.executable,
+        "-m",
+        "probepo.cli",
+        "check",
+        "configs/cpu-demo.yaml",
+        "--store",
+        str(tmp_path),
+    ]
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(command, capture_output=True, text=True, env=no_slurm, cwd=root, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.startswith("executor: inline (the testbed runs in this process")
+    site = tmp_path / "site.yaml"
+    site.write_text("executor: local\n")
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**no_slurm, "PROBEPO_SITE": str(site)},
+        cwd=root,
+        timeout=300,
+    )
+    assert done.returncode == 0 and done.stdout.startswith(f"executor: local (the site's, {site}")

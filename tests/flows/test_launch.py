@@ -41,7 +41,7 @@ def test_every_deployment_runs_as_it_stands_or_is_refused_at_once_in_one_line(de
     from prefect import get_client
 
     from flows.evaluate import nightly_eval
-    from flows.train import launchable
+    from slurm.check import launchable
 
     for name, deployment in deployments.items():
         schema = deployment.parameter_openapi_schema["properties"]

@@ -19,6 +19,7 @@ from probepo.config import ExecutionProfile, StageResources
 from probepo.pipeline import train
 from probepo.presets import load_profile
 from probepo.schedule import TRAINING_STAGES
+from probepo.store import open_store
 from slurm import make_runner
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import Drill, slurm
@@ -172,8 +173,10 @@ def test_a_multi_node_request_where_one_node_is_all_there_is_is_refused_before_a
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert REFUSALS[executor] in " ".join(result.stderr.split())
-    # No sbatch ran: submitit makes the job folder at its first submission; SLURM knows no job of the run.
-    assert not jobs.exists() and not store.exists()
+    # No sbatch ran: no submission in the job folder (the checks only write and delete a probe there), no
+    # run in the store (the checks probe it), and SLURM knows no job of the run.
+    assert not [path for path in jobs.rglob("*") if path.is_file()]
+    assert not store.exists() or open_store(store).runs() == []
     names = slurm("sacct", "-n", "-X", "-P", "-a", "-S", started, "-o", "JobName").splitlines()
     assert not [name for name in names if name.startswith(f"probepo-{run_id}-")]
 

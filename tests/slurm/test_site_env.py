@@ -1,7 +1,7 @@
 """A site's environment on the real cluster: the drill recipe's stage jobs started in a container
 (bubblewrap, through the profile's `python` prefix, with a hostname of its own) commit and end bitwise
-equal to the inline run; a variable a `setup:` line exports reaches the job's ranks; `sbatch_extra`
-options reach the job's submission."""
+equal to the inline run; a variable a `setup:` line exports reaches the job's ranks, and `module load`
+once a stand-in Lmod init is sourced; `sbatch_extra` options reach the job's submission."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import yaml
 
 from probepo.config import ExecutionProfile, StageResources
 from slurm.backends import SlurmBackend
+from slurm.check import site_way_findings
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import Drill
 
@@ -68,3 +69,26 @@ def test_setup_exports_and_sbatch_options_reach_the_job(slurm_cluster, tmp_path)
     script = Path(job.paths.submission_file).read_text()
     assert "#SBATCH --comment=probepo-site-test" in script and "#SBATCH --exclusive" in script
     assert "--export=ALL" in script
+
+
+def test_module_load_in_setup_works_once_lmods_init_is_sourced(slurm_cluster, tmp_path):
+    """The batch script is a non-login shell given only the allow-listed environment: Lmod's `module`
+    function is not there. A stand-in init (defining `module` as Lmod's does) sourced by a setup line
+    first makes `module load` work; without it the job fails, as `probepo check` warns."""
+    init = tmp_path / "lmod" / "init" / "bash"
+    init.parent.mkdir(parents=True)
+    init.write_text('module() { if [ "$1" = load ]; then export PROBEPO_TEST_MODULE="loaded-$2"; fi; }\n')
+    lines = (f"source {init}", "module load cuda/12.4")
+    for setup, expected in ((lines, "loaded-cuda/12.4"), (lines[1:], None)):
+        profile = ExecutionProfile(
+            job_folder=str(tmp_path / "jobs"),
+            defaults=StageResources(partition="low", time_min=5, setup=setup),
+        )
+        backend = SlurmBackend(profile)
+        (job,) = backend.submit_arrays(
+            os.getenv, ["PROBEPO_TEST_MODULE"], profile.resources("sample"), tmp_path
+        )[0]
+        assert (
+            job.result() == expected
+        )  # without the init, `module` is not found and the line exports nothing
+        assert bool(site_way_findings(profile, ["sample"]).warnings) == (expected is None)

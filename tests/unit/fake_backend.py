@@ -29,6 +29,8 @@ class Poll:
     """An attempt record the job wrote (with its job id), FAILED ones with ERROR."""
     commit: bool = False
     """The job committed its stage."""
+    shard: bool = False
+    """The job committed a shard of its stage (part of its work: `<stage>.shard-NNNN`, the next number)."""
     exit_code: str = ""
 
 
@@ -42,9 +44,10 @@ def committing() -> list[Poll]:
     return job("PENDING", "RUNNING", done)
 
 
-def killed() -> list[Poll]:
-    """Killed outright while running (SIGKILL, node failure): no attempt outcome, no commit."""
-    return job("RUNNING", Poll("FAILED", AttemptOutcome.RUNNING, exit_code="0:9"))
+def killed(after_a_shard: bool = False) -> list[Poll]:
+    """Killed outright while running (SIGKILL, node failure): no attempt outcome, no commit of its stage;
+    `after_a_shard`: once it committed a shard of it."""
+    return job(Poll("RUNNING", shard=after_a_shard), Poll("FAILED", AttemptOutcome.RUNNING, exit_code="0:9"))
 
 
 @dataclass
@@ -106,6 +109,10 @@ class FakeBackend:
                 self.store.record_attempt(request.run_id, request.update, request.stage, record)
             if poll.commit:
                 self.store.commit_stage(request.run_id, request.update, request.stage, {"out.txt": b"1"})
+            if poll.shard:
+                made = self.store.committed_stages(request.run_id, request.update)
+                shard = f"{request.stage}.shard-{sum('.shard-' in name for name in made):04d}"
+                self.store.commit_stage(request.run_id, request.update, shard, {"out.txt": b"1"})
         job.seen += 1
         return JobInfo(job_id, poll.state, poll.exit_code, "fake-node")
 

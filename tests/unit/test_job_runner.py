@@ -1,12 +1,15 @@
 """The job runner's decisions on a scripted backend (tests/unit/fake_backend.py), each in well under a
 second: transient refusals retried, then SubmitFailed; a job that died submitted again up to
-max_resubmits, then StageFailed naming the job; a stage's own failure never resubmitted; a requeued job
-waited on; a restarted driver re-attaching; a cancel; polls that back off while nothing changes. The same
+max_resubmits in a row, then StageFailed naming the job (a death after a commit of the job's work starts
+the count over); a stage's own failure never resubmitted; a requeued job waited on; a restarted driver
+re-attaching, and closing the records of jobs that ended while no driver watched; a cancel; polls that
+back off while nothing changes. The same
 runner on the real cluster: tests/slurm/."""
 
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +20,14 @@ from probepo.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, open_store
 from slurm.backends import SubmitFailed, SubmitRefused, SubmitTransient
-from slurm.runner import SUBMIT_TRIES, DriverStopped, JobRunner, StageFailed, sleep_unless_stopped
+from slurm.runner import (
+    SUBMIT_TRIES,
+    DriverJobRunner,
+    DriverStopped,
+    JobRunner,
+    StageFailed,
+    sleep_unless_stopped,
+)
 from tests.unit.fake_backend import ERROR, FakeBackend, Poll, committing, job, killed
 
 RUN = "fake-run"
@@ -83,10 +93,71 @@ def test_a_job_that_dies_is_resubmitted_up_to_max_resubmits_then_stage_failed(st
         JobRunner(backend, PROFILE).run(request, ctx)
     message = str(failed.value)
     assert (
-        "job 1002 ended FAILED (exit 0:9) without committing, 3 times in a row (max_resubmits = 2)" in message
+        "job 1002 ended FAILED (exit 0:9) without committing: 3 deaths in a row since 20" in message
+        and "none after a commit of its work (max_resubmits = 2)" in message
     )
     assert f"stderr:\nTraceback (most recent call last):\n{ERROR}\n(stderr of fake job 1002)" in message
     assert len(backend.jobs) == PROFILE.max_resubmits + 1 and not failed.value.user_error
+
+
+def test_a_death_after_a_commit_of_the_jobs_work_starts_the_count_over(store, tmp_path):
+    """Deaths count in a row: a job that committed a shard before it died made progress, so a long stage
+    (or the resident job, a whole run) is not stopped by deaths days apart, only by max_resubmits + 1 with
+    nothing committed between."""
+    progressing = [killed(after_a_shard=True) for _ in range(PROFILE.max_resubmits + 2)]
+    runner = JobRunner(FakeBackend(store, [*progressing, committing()]), PROFILE)
+    runner.run(*_stage(store, tmp_path))
+    assert _outcomes(store) == ["died"] * (PROFILE.max_resubmits + 2) + ["committed"]
+
+    request, ctx = _stage(store, tmp_path)
+    request = StageRequest(request.store_url, RUN, 6, Stage.SAMPLE, request.config_json)
+    backend = FakeBackend(store, [killed(after_a_shard=True), killed(), killed(), killed(), committing()])
+    with pytest.raises(StageFailed, match=r"job 1002 .* 3 deaths in a row since"):
+        JobRunner(backend, PROFILE).run(request, ctx)  # the first death (after a shard) starts the row
+    assert len(backend.script) == 2
+
+
+def test_the_resident_job_counts_deaths_since_its_last_commit_of_any_stage(store, tmp_path):
+    """The resident job runs the whole run: any stage it committed before it died (here a sub-stage of
+    its own) starts the count over, so a run of weeks survives any number of deaths days apart."""
+    ctx = StageContext(store, RUN, 0, RunConfig(), tmp_path, should_stop=lambda: False)
+    request = StageRequest.of(ctx, Stage.DRIVER)
+    failing = job("RUNNING", Poll("FAILED", AttemptOutcome.FAILED, exit_code="1:0"))
+    progressing = [killed(after_a_shard=True) for _ in range(PROFILE.max_resubmits + 2)]
+    backend = FakeBackend(store, [*progressing, failing])
+    with pytest.raises(StageFailed, match="the stage failed"):  # not the deaths: each made progress
+        DriverJobRunner(backend, PROFILE).run(request, ctx)
+    assert len(backend.jobs) == PROFILE.max_resubmits + 3
+    backend = FakeBackend(store, [killed() for _ in range(PROFILE.max_resubmits + 1)])
+    with pytest.raises(StageFailed, match=r"3 deaths in a row since .*, none after a commit of its work"):
+        DriverJobRunner(backend, PROFILE).run(request, ctx)
+
+
+def test_a_resumed_driver_closes_the_records_of_jobs_that_ended_unwatched(store, tmp_path):
+    """A driver killed while its job ran leaves the record open; the job went on and committed. The next
+    driver closes that record from what the store says the job did, whatever stage it resumes at."""
+    backend = FakeBackend(store, [job("RUNNING", Poll("COMPLETED", AttemptOutcome.COMMITTED, commit=True))])
+    with pytest.raises(DriverStopped):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path, stop=True))
+    assert _outcomes(store) == ["open"]
+    backend.script.append(committing())  # the next stage's job
+    request, ctx = _stage(store, tmp_path)
+    JobRunner(backend, PROFILE).run(replace(request, stage=Stage.PROBE), ctx)
+    [closed] = store.jobs(RUN, 3, Stage.SAMPLE)
+    assert (closed["outcome"], closed["state"], closed["unwatched"]) == ("committed", "COMPLETED", "true")
+    assert [r["outcome"] for r in store.jobs(RUN, 3, Stage.PROBE)] == ["committed"]
+
+
+def test_a_resumed_driver_still_reports_the_failure_of_the_stage_it_resumes_at(store, tmp_path):
+    """The record of the stage at hand is left to `run`, which re-attaches to its ended job and judges it
+    as a watched ending: a stage's own failure is reported, never submitted again."""
+    failing = job("RUNNING", Poll("FAILED", AttemptOutcome.FAILED, exit_code="1:0"))
+    backend = FakeBackend(store, [failing, committing()])
+    with pytest.raises(DriverStopped):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path, stop=True))
+    with pytest.raises(StageFailed, match=rf"job 1000 ended FAILED \(exit 1:0\), the stage failed: {ERROR}"):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path))
+    assert _outcomes(store) == ["failed"] and len(backend.jobs) == 1
 
 
 def test_a_stage_that_fails_with_its_own_error_is_not_resubmitted(store, tmp_path):
