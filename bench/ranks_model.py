@@ -2,7 +2,9 @@
 stages' own chunk and call plans (probepo.engines.sampler.chunk_plan, call_plan) over response lengths
 drawn from a stated model, each engine call decoded by a modelled vLLM (continuous batching) at a stated or
 measured cost per decoding step, the calls claimed by the first free rank in plan order (what the stages
-do). A rank's busy fraction is its seconds in engine calls over the stage's makespan.
+do). A rank's busy fraction is its seconds in engine calls over the stage's makespan. Beside them, two
+measures of what a better schedule could do: calls streamed into a live engine (streamed_rank_seconds) and
+the longest row decoded alone (longest_row_seconds), a floor under any schedule's makespan.
 
 Everything modelled is stated here, so a reader can disagree with a number and rerun:
 - Lengths (LENGTHS): prompts lognormal around 120 tokens; responses lognormal around a recipe's median,
@@ -159,10 +161,54 @@ def rank_seconds(times: list[float], ranks: int) -> list[float]:
     return [at for at, _ in sorted(free, key=lambda slot: slot[1])]
 
 
-def rank_busy(times: list[float], ranks: int) -> list[float]:
-    """Each rank's busy fraction: its seconds in engine calls over the stage's makespan."""
-    seconds = rank_seconds(times, ranks)
-    return [s / max(seconds) for s in seconds]
+def streamed_rank_seconds(
+    rows: StageRows, batch_rows: int, keep_rows: int, rescue: int, decoder: Decoder
+) -> list[float]:
+    """Each rank's seconds when its engine is never drained between calls: the stage's chunks (the stages'
+    own plan at `batch_rows`) are claimed in plan order by a rank whenever fewer than `keep_rows` of its rows
+    are running, and join its running batch at once (requests added to a live engine), the ranks sharing one
+    clock. A cut row decodes its `rescue` tokens as it goes on (no separate phase). Not what the stages do:
+    the alternative this model weighs against their fixed calls."""
+    plan = chunk_plan(rows.prefixes.tolist(), rows.n, batch_rows)
+    queue = iter(plan)
+    pending = next(queue, None)
+    left = [np.zeros(0, np.int64) for _ in range(RANKS)]
+    context = [np.zeros(0) for _ in range(RANKS)]
+    clock = [(0.0, r) for r in range(RANKS)]
+    finished = [0.0] * RANKS
+    while clock:
+        at, r = heapq.heappop(clock)
+        while pending is not None and len(left[r]) < keep_rows:
+            owners = np.repeat(pending, rows.n)
+            picked = owners * rows.n + np.tile(np.arange(rows.n), len(pending))
+            at += decoder.prefill_per_token_s * float(rows.prefixes[pending].sum())
+            left[r] = np.concatenate([left[r], rows.new_tokens[picked] + rescue * rows.cut[picked]])
+            context[r] = np.concatenate([context[r], rows.prefixes[owners].astype(np.float64)])
+            pending = next(queue, None)
+        if len(left[r]) == 0:  # nothing running and nothing left to claim: this rank is done
+            finished[r] = at
+            continue
+        at += decoder.fixed_s + float((decoder.per_row_s + decoder.per_context_s * context[r]).sum())
+        left[r], context[r] = left[r] - 1, context[r] + 1
+        running = left[r] > 0
+        left[r], context[r] = left[r][running], context[r][running]
+        heapq.heappush(clock, (at, r))
+    return finished
+
+
+def longest_row_seconds(rows: StageRows, rescue: int, decoder: Decoder) -> float:
+    """A lower bound on any schedule's makespan: the stage's longest row decoded alone from the start (a
+    row's tokens come one step after another, whatever the other rows do)."""
+    new = rows.new_tokens + rescue * rows.cut
+    prefixes = np.repeat(rows.prefixes, rows.n)
+    steps = np.arange(int(new.max()))
+    costs = [
+        decoder.prefill_per_token_s * p
+        + float((decoder.fixed_s + decoder.per_row_s + decoder.per_context_s * (p + steps[:t])).sum())
+        for p, t in zip(prefixes, new, strict=True)
+        if t == new.max()
+    ]
+    return min(costs)
 
 
 @dataclass(frozen=True)
@@ -227,6 +273,9 @@ PLANS = {"before": (256, None), "after": None, "16_calls": (64, 16), "40_calls":
 """(batch_rows, shards): before this change every recipe kept the default 256 rows and a call per chunk;
 after, the recipe's own sampling settings; two alternatives with more, smaller calls for the ranks to claim
 (a shard a call)."""
+STREAMED = {"streamed_16": (16, 64), "streamed_8": (8, 32)}
+"""(batch_rows, keep_rows) of the streamed alternative (streamed_rank_seconds): small chunks claimed into a
+live engine whenever fewer than keep_rows of a rank's rows run."""
 
 
 def busy_fractions(
@@ -238,18 +287,40 @@ def busy_fractions(
     updates = [draw_update(config, LENGTHS[name], rng) for _ in range(draws)]
     result: dict[str, Any] = {}
     for stage, index, rescue in (("sample", 0, 0), ("probe", 1, config.algo.rescue_tokens)):
+        rows = len(updates[0][index].new_tokens)
         for plan, settings in PLANS.items():
             batch_rows, shards = settings or (config.sampling.batch_rows, config.sampling.shards)
             per_update = [stage_calls(u[index], batch_rows, shards, rescue, decoder) for u in updates]
-            lowest = [min(rank_busy(times, RANKS)) for times in per_update]
             result[f"{stage}_{plan}"] = {
                 "batch_rows": batch_rows,
                 "shards": shards,
                 "calls": len(per_update[0]),
-                "rows": len(updates[0][index].new_tokens),
-                "busy_per_rank": [round(b, 3) for b in sorted(rank_busy(per_update[0], RANKS), reverse=True)],
-                "lowest_rank_median": round(statistics.median(lowest), 3),
-                "lowest_rank_worst": round(min(lowest), 3),
-                "makespan_s": round(statistics.median(max(rank_seconds(t, RANKS)) for t in per_update), 2),
+                "rows": rows,
+                **_busy_summary([rank_seconds(times, RANKS) for times in per_update]),
             }
+        for plan, (batch_rows, keep_rows) in STREAMED.items():
+            per_update = [
+                streamed_rank_seconds(u[index], batch_rows, keep_rows, rescue, decoder) for u in updates
+            ]
+            result[f"{stage}_{plan}"] = {
+                "batch_rows": batch_rows,
+                "keep_rows": keep_rows,
+                "rows": rows,
+                **_busy_summary(per_update),
+            }
+        bound = [longest_row_seconds(u[index], rescue, decoder) for u in updates]
+        result[f"{stage}_longest_row_s"] = round(statistics.median(bound), 2)
     return result
+
+
+def _busy_summary(per_update: list[list[float]]) -> dict[str, Any]:
+    """Each rank's busy fraction in the first update (busiest first), the lowest rank's over every update
+    (median and worst) and the median makespan, from each update's seconds per rank."""
+    lowest = [min(seconds) / max(seconds) for seconds in per_update]
+    first = per_update[0]
+    return {
+        "busy_per_rank": [round(s / max(first), 3) for s in sorted(first, reverse=True)],
+        "lowest_rank_median": round(statistics.median(lowest), 3),
+        "lowest_rank_worst": round(min(lowest), 3),
+        "makespan_s": round(statistics.median(max(seconds) for seconds in per_update), 2),
+    }

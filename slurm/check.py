@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from probepo.config import ExecutionProfile, RunConfig
+from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRunner
 from probepo.preflight import Findings, memory_findings, preflight, store_findings, tied_parameters
@@ -211,10 +211,11 @@ def job_environment(modules: list[str], store_url: str) -> dict[str, Any]:
             versions[name] = str(getattr(importlib.import_module(name), "__version__", "?"))
         except Exception as exc:  # any import failure is the finding
             versions[name] = f"ERROR {type(exc).__name__}: {exc}"
-    gpus = "unknown"
+    gpus, cuda_devices, cuda_build = "unknown", 0, None
     if "torch" in sys.modules:
         torch = sys.modules["torch"]
-        gpus = f"{torch.cuda.device_count()} CUDA device(s)"
+        cuda_devices, cuda_build = torch.cuda.device_count(), torch.version.cuda is not None
+        gpus = f"{cuda_devices} CUDA device(s)"
         if torch.cuda.is_available():
             gpus += ": " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count()))
     scratch = tempfile.gettempdir()
@@ -223,6 +224,8 @@ def job_environment(modules: list[str], store_url: str) -> dict[str, Any]:
         "python": sys.executable,
         "versions": versions,
         "gpus": gpus,
+        "cuda_devices": cuda_devices,
+        "cuda_build": cuda_build,
         "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)"),
         "cpus": len(os.sched_getaffinity(0)),
         "memory_bytes": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"),
@@ -259,7 +262,40 @@ def run_probe_job(checked: Checked, backend: Backend) -> Findings:
     except Exception as exc:  # the job's own failure, with its stderr
         lines = str(exc).strip().splitlines()
         return Findings(failures=[f"probe job {job.job_id} failed: {lines[-1] if lines else exc}"])
-    return probe_report_findings(f"probe job {job.job_id} on {report['host']}", report, checked.scratch_bytes)
+    where = f"probe job {job.job_id} on {report['host']}"
+    found = probe_report_findings(where, report, checked.scratch_bytes)
+    return found.extend(node_findings(where, report, resources))
+
+
+def node_findings(where: str, report: dict[str, Any], resources: StageResources) -> Findings:
+    """What the probe job's node has against what the trainer stage's resources ask: its memory against
+    `mem_gb` (a node may advertise more RealMemory than it has), the CPUs its task may use against
+    `cpus_per_task`, and the CUDA devices it sees against the GPUs each task is given."""
+    found = Findings()
+    memory_gb = report["memory_bytes"] / 1e9
+    if resources.mem_gb is not None and memory_gb < resources.mem_gb:
+        found.failures.append(
+            f"{where}: the node has {memory_gb:.1f} GB of memory, less than the profile's mem_gb ="
+            f" {resources.mem_gb:g}: lower mem_gb, or ask the admins why the node advertises more"
+        )
+    if report["cpus"] < resources.cpus_per_task:
+        found.warnings.append(
+            f"{where}: the job's task may use {report['cpus']} CPU(s), fewer than the profile's"
+            f" cpus_per_task = {resources.cpus_per_task}"
+        )
+    wanted = resources.gpus_per_task or resources.gpus_per_node // resources.tasks_per_node
+    if wanted and report["cuda_build"] is False:
+        found.warnings.append(
+            f"{where}: the job is given {wanted} GPU(s) a task but its torch is a CPU build: install the"
+            " CUDA build in the job's Python"
+        )
+    elif wanted and report["cuda_build"] and report["cuda_devices"] < wanted:
+        found.failures.append(
+            f"{where}: the job sees {report['cuda_devices']} CUDA device(s), fewer than the {wanted} a task"
+            " is given (gpus_per_node / tasks_per_node or gpus_per_task): check the site's gres and"
+            " CUDA_VISIBLE_DEVICES"
+        )
+    return found
 
 
 def probe_report_findings(where: str, report: dict[str, Any], scratch_bytes: int | None) -> Findings:

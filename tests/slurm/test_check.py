@@ -273,3 +273,16 @@ def test_the_probe_job_refuses_a_tmpdir_smaller_than_an_updates_scratch(
     assert done.returncode == 2, done.stdout + done.stderr
     (failure,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL probe job ")]
     assert "$TMPDIR /scratch has 0.0 GB free, less than the" in failure and "export TMPDIR" in failure
+
+
+def test_the_probe_job_refuses_more_memory_than_the_node_has(slurm_cluster, tmp_path):
+    """The test cluster's nodes advertise 64 GB (RealMemory) whatever this machine has: a mem_gb between
+    the two passes the login node's checks and is caught from inside the job."""
+    physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 1e9
+    asked = int(physical) + 1
+    assert asked <= 64, "the test needs a machine with less memory than the nodes advertise"
+    profile = _profile(tmp_path, defaults={"partition": "low", "mem_gb": asked})
+    done = _probe_check(tmp_path, profile, str(tmp_path / "store"), dict(os.environ))
+    assert done.returncode == 2, done.stdout + done.stderr
+    (failure,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL probe job ")]
+    assert f"less than the profile's mem_gb = {asked}: lower mem_gb" in failure
