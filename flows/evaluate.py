@@ -5,9 +5,15 @@ run, so a second night — or a run started while another is going — does noth
 evaluate stage made already is taken from it, in the flow's process. Neither takes a run's lease: they only
 read checkpoints, and download weights without the optimizer state.
 
+A task makes its samples shard by shard (the recipe's engine calls), keeping each beside the run; preempted
+or warned of its time limit, it stops at the next shard and requeues itself, and whichever run of it comes
+next, that night or the next, makes only the missing shards: the same numbers as an uninterrupted task.
+
 What the UI shows: a task run per job array (`evaluate · array <id> · <n> tasks`; inline, one per pair), a
-table artifact of what was evaluated, and the flow run fails (after committing every result that came)
-when a pair could not be evaluated, naming it and its job; the next night retries exactly those.
+table artifact saying of each pair whether it is complete, resumed (completed from an earlier task's
+shards) or pending (the shards kept so far), with its GPU-hours, and the flow run fails (after committing
+every result that came) when a pair could not be evaluated, naming it and its job; the next night goes on
+with exactly those.
 """
 
 from __future__ import annotations
@@ -32,12 +38,9 @@ from probepo.evaluations import (
     missing,
 )
 from probepo.presets import ConfigError, load_profile
-from probepo.store import open_store
+from probepo.store import ArtifactStore, open_store
 from slurm.arrays import ItemOutcome, run_array
 from slurm.executors import ArrayExecutorName, executor_for
-
-DEFAULT_SUITES = ("heldout",)
-"""Where the evaluations run: this process, a subprocess each, or SLURM job arrays."""
 
 
 def _evaluate(
@@ -55,12 +58,12 @@ def _evaluate(
     reused = [request for request in requests if request.from_run]
     to_run = [request for request in requests if not request.from_run]
     logger.info(f"{len(to_run)} evaluations to do ({executor}), {len(reused)} taken from the runs' own")
-    work: Callable[[EvaluationRequest], str] = evaluate_checkpoint
+    work: Callable[[EvaluationRequest, Callable[[], bool]], str] = evaluate_checkpoint
     if executor_for(executor, arrays=True).in_process:  # one task run per pair, named after it
 
-        def work(request: EvaluationRequest) -> str:
+        def work(request: EvaluationRequest, should_stop: Callable[[], bool]) -> str:
             named = stage_task.with_options(task_run_name=f"evaluate · {request.describe()}")
-            return named(lambda: evaluate_checkpoint(request))
+            return named(lambda: evaluate_checkpoint(request, should_stop))
 
     def watch(array_id: str, count: int, wait: Callable[[], None]) -> None:
         tasks = f"{count} task{'' if count == 1 else 's'}"
@@ -77,18 +80,11 @@ def _evaluate(
         raise ValueError(str(exc)) from None
     rows, failed, stores = [], [], {}
     for request, outcome in zip(reused + to_run, outcomes, strict=True):
-        row = {"run": request.run_id, "checkpoint": request.checkpoint, "suite": request.suite,
-               "job": outcome.job_id, "outcome": outcome.result or "failed",
-               "GPU-h": None if outcome.cost is None else round(outcome.cost.gpu_hours, 4)}  # fmt: skip
+        if request.store_url not in stores:
+            stores[request.store_url] = open_store(request.store_url)
+        rows.append(evaluation_row(request, outcome, stores[request.store_url]))
         if outcome.error is not None:
             failed.append(f"{request.describe()} (job {outcome.job_id}): {outcome.error}")
-        else:
-            if request.store_url not in stores:
-                stores[request.store_url] = open_store(request.store_url)
-            record = stores[request.store_url].evaluation(request.run_id, request.checkpoint, request.suite)
-            assert record is not None  # the item returned: its evaluation is committed
-            row.update(mean=record["mean"], stderr=record["stderr"], k=record["k"])
-        rows.append(row)
     costs = [outcome.cost for outcome in outcomes if outcome.cost is not None]
     spent = (
         f"{sum(cost.gpu_hours for cost in costs):.3f} GPU-hours, {sum(cost.cpu_hours for cost in costs):.3f}"
@@ -96,6 +92,7 @@ def _evaluate(
         if costs
         else "no accounted jobs (inline or local: no GPU-hours)"
     )
+    rows += avg6_rows(reused + to_run, stores)
     if rows:
         create_table_artifact(
             rows, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations; {spent}"
@@ -103,7 +100,7 @@ def _evaluate(
     logger.info(f"cost: {spent}")
     counts = {
         outcome: sum(row["outcome"] == outcome for row in rows)
-        for outcome in ("evaluated", "reused", "exists")
+        for outcome in ("evaluated", "resumed", "reused", "exists")
     }
     counts["failed"] = len(failed)
     logger.info(", ".join(f"{value} {key}" for key, value in counts.items()))
@@ -111,6 +108,38 @@ def _evaluate(
         raise RuntimeError(f"{len(failed)} of {len(rows)} evaluations failed (the next one retries them):\n"
                            + "\n".join(failed))  # fmt: skip
     return counts
+
+
+def evaluation_row(request: EvaluationRequest, outcome: ItemOutcome, store: ArtifactStore) -> dict[str, Any]:
+    """The artifact's row of one (checkpoint, suite): its status (complete; resumed, with the shards an
+    earlier task kept; pending, with the shards kept so far), its job and GPU-hours, and its numbers."""
+    row = {"run": request.run_id, "checkpoint": request.checkpoint, "suite": request.suite,
+           "status": "complete", "job": outcome.job_id, "outcome": outcome.result or "failed",
+           "GPU-h": None if outcome.cost is None else round(outcome.cost.gpu_hours, 4)}  # fmt: skip
+    if outcome.error is not None:
+        kept = len(store.evaluation_shard_names(request.run_id, request.checkpoint, request.suite))
+        row["status"] = f"pending: {kept} shard{'' if kept == 1 else 's'} kept"
+        return row
+    record = store.evaluation(request.run_id, request.checkpoint, request.suite)
+    assert record is not None  # the item returned: its evaluation is committed
+    if record.get("resumed_shards"):
+        row["status"] = f"resumed: {record['resumed_shards']} of {record['shards']} shards kept before"
+    return {**row, "mean": record["mean"], "stderr": record["stderr"], "k": record["k"]}
+
+
+def avg6_rows(requests: list[EvaluationRequest], stores: dict[str, ArtifactStore]) -> list[dict[str, Any]]:
+    """An `avg6` row (the study's Avg-6, the unweighted mean of the six benchmarks' Mean@k) for each
+    checkpoint of the night whose six evaluations are all committed, this night's or earlier ones."""
+    from probepo.data.benchmarks import AVG6_BENCHMARKS, avg6
+
+    found = []
+    for url, run_id, checkpoint in dict.fromkeys((r.store_url, r.run_id, r.checkpoint) for r in requests):
+        records = stores[url].evaluations(run_id)
+        means = {s: records[(checkpoint, s)]["mean"] for s in AVG6_BENCHMARKS if (checkpoint, s) in records}
+        if len(means) == len(AVG6_BENCHMARKS):
+            found.append({"run": run_id, "checkpoint": checkpoint, "suite": "avg6", "status": "complete",
+                          "mean": avg6(means)})  # fmt: skip
+    return found
 
 
 def _missing_site_setting(store: str | None, executor: ArrayExecutorName, profile: str | None) -> list[str]:
@@ -126,7 +155,7 @@ def evaluate(
     run_id: str,
     store: str | None = None,
     checkpoints: list[int] | None = None,
-    suites: Sequence[str] = DEFAULT_SUITES,
+    suites: Sequence[str] | None = None,
     executor: ArrayExecutorName = "inline",
     profile: str | None = None,
 ) -> dict[str, Any] | State:
@@ -136,7 +165,8 @@ def evaluate(
         run_id: The run whose checkpoints to evaluate.
         store: The store that holds it (s3://bucket/prefix or a folder); the site's by default.
         checkpoints: The updates whose checkpoints to evaluate; empty: all of them.
-        suites: `heldout` (the run's own eval split) or benchmark names, for maths runs.
+        suites: `heldout` (the run's own eval split) or benchmark names, for maths runs; None (the
+            default): those its recipe's evaluate stage scores (its `eval.benchmarks`, else `heldout`).
         executor: inline (the worker's process), local (a subprocess each) or slurm (one job array).
         profile: The execution profile (a YAML path on the worker's machine) whose `eval_task` resources
             the jobs get (by default the evaluate stage's with one GPU); needed by slurm.
@@ -153,7 +183,7 @@ def evaluate(
 @flow(name="nightly-eval", flow_run_name="nightly-eval", log_prints=True)
 def nightly_eval(
     store: str | None = None,
-    suites: Sequence[str] = DEFAULT_SUITES,
+    suites: Sequence[str] | None = None,
     selection: CheckpointSelection = CheckpointSelection(),  # noqa: B008 - immutable (a frozen model)
     max_parallel: Annotated[int | None, Field(ge=1)] = None,
     executor: ArrayExecutorName = "slurm",
@@ -166,8 +196,10 @@ def nightly_eval(
     Args:
         store: The team's store (s3://bucket/prefix or a shared folder); the site's by default, and the
             flow refuses to start without one.
-        suites: `heldout` (each run's own eval split) or benchmark names, for maths runs; the study's six:
-            math500, olympiadbench, college_math, amc23, minerva_math, aime24.
+        suites: `heldout` (each run's own eval split: a maths run's eval set, each problem once) or
+            benchmark names, for maths runs (the study's six: math500, olympiadbench, college_math, amc23,
+            minerva_math, aime24); None (the default): each run's own recipe's, what its evaluate stage
+            scores (a maths recipe's `eval.benchmarks` at the study's Mean@k, the testbed's `heldout`).
         selection: Which runs (names or globs) and which of their checkpoints (the latest, every N-th,
             those since a date); by default every checkpoint of every run.
         max_parallel: At most this many evaluation tasks running at once over the night's arrays (sbatch

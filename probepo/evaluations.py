@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -20,10 +20,11 @@ from typing import Any
 
 from probepo.config import CheckpointSelection, RunConfig
 from probepo.config.retention import Retention
+from probepo.faults import fault_point
 from probepo.presets import ConfigError, validate_run_config
 from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.context import StageContext
-from probepo.stages.evaluate import HELDOUT, suites_for
+from probepo.stages.evaluate import HELDOUT, recipe_suites, suites_for
 from probepo.store import ArtifactStore, StoreError, open_store
 from probepo.store.retention import RetentionReport, apply_retention, checkpoint_markers, holds
 
@@ -53,8 +54,11 @@ def known_suites() -> tuple[str, ...]:
     return (HELDOUT, *BENCHMARKS)
 
 
-def check_suites(suites: Sequence[str]) -> tuple[str, ...]:
-    """The suites, or a ValueError naming the unknown ones and the choices."""
+def check_suites(suites: Sequence[str] | None) -> tuple[str, ...] | None:
+    """The suites (None: each run's own, `recipe_suites`), or a ValueError naming the unknown ones and the
+    choices."""
+    if suites is None:
+        return None
     unknown = [name for name in suites if name not in known_suites()]
     if unknown or not suites:
         raise ValueError(
@@ -81,19 +85,19 @@ def _evaluated_in_run(entries: Mapping[int, list[str]], config: RunConfig) -> se
     """The (update, suite) pairs the run's own evaluate stage committed (`entries`: its ledger): policy k
     on its held-out split, or on each of `eval.benchmarks` — the same numbers an evaluation after the fact
     would make."""
-    in_run = config.eval.benchmarks or (HELDOUT,)
+    in_run = recipe_suites(config)
     return {
         (update, suite) for update, stages in entries.items() if Stage.EVALUATE in stages for suite in in_run
     }
 
 
 def missing(
-    store: ArtifactStore, suites: Sequence[str], selection: CheckpointSelection | None = None
+    store: ArtifactStore, suites: Sequence[str] | None, selection: CheckpointSelection | None = None
 ) -> list[EvaluationRequest]:
     """Every (run, checkpoint, suite) of the selection (default: every checkpoint of every run) without an
-    evaluation, on each of `suites` the run can be evaluated on; those the run's own evaluate stage made
-    come `from_run`. A run whose stored recipe this version cannot read (or a run folder without one) is
-    skipped with a warning."""
+    evaluation, on each of `suites` the run can be evaluated on (None: each run's own, `recipe_suites`);
+    those the run's own evaluate stage made come `from_run`. A run whose stored recipe this version cannot
+    read (or a run folder without one) is skipped with a warning."""
     chosen = check_suites(suites)
     selection = selection or CheckpointSelection()
     wanted = []
@@ -110,7 +114,7 @@ def missing(
 def _missing_of_run(
     store: ArtifactStore,
     run_id: str,
-    suites: Sequence[str],
+    suites: Sequence[str] | None,
     selection: CheckpointSelection,
     entries: Mapping[int, list[str]],
     markers: Mapping[int, Mapping[str, Any]],
@@ -119,7 +123,7 @@ def _missing_of_run(
     config = stored_config(store, run_id)
     done = store.evaluations(run_id)
     in_run = _evaluated_in_run(entries, config)
-    applicable = [name for name in suites if name in suites_for(config)]
+    applicable = [name for name in suites or recipe_suites(config) if name in suites_for(config)]
     committed = checkpoints(markers)
     return [
         EvaluationRequest(store.url, run_id, k, name, from_run=(k, name) in in_run)
@@ -174,14 +178,48 @@ def adopt_run_evaluation(request: EvaluationRequest) -> str:
     return "reused" if created else "exists"
 
 
-def evaluate_checkpoint(request: EvaluationRequest) -> str:
-    """Evaluate one checkpoint on one suite and commit it: `evaluated`, or `exists` when an evaluation was
-    there already (before or — a concurrent one — after this one ran)."""
+@dataclass(frozen=True)
+class EvaluationShards:
+    """An evaluation's shards (a ShardBook), kept beside the run's evaluations under a prefix of its own
+    (`runs/<id>/evaluation-shards/<k>/<suite>/`), never in the run's ledger: a task stopped midway
+    (preempted, at its time limit, killed) resumes from them, on any node, the next time it runs."""
+
+    ctx: StageContext
+    suite: str
+
+    def committed(self, stage: str) -> set[int]:
+        from probepo.stages.shards import shard_indices
+
+        names = self.ctx.store.evaluation_shard_names(self.ctx.run_id, self.ctx.update, self.suite)
+        return shard_indices(names, stage)
+
+    def commit(self, name: str, table: bytes, summary: Mapping[str, Any]) -> None:
+        ctx = self.ctx
+        fault_point(ctx.update, name, "before-commit", ctx.should_stop)
+        ctx.store.commit_evaluation_shard(ctx.run_id, ctx.update, self.suite, name, table)
+        fault_point(ctx.update, name, "after-commit", ctx.should_stop)
+
+    def read(self, name: str) -> bytes:
+        return self.ctx.store.read_evaluation_shard(self.ctx.run_id, self.ctx.update, self.suite, name)
+
+
+def _never() -> bool:
+    return False
+
+
+def evaluate_checkpoint(request: EvaluationRequest, should_stop: Callable[[], bool] = _never) -> str:
+    """Evaluate one checkpoint on one suite and commit it: `evaluated`, `resumed` (evaluated, some of its
+    shards made by an earlier, stopped task), or `exists` when an evaluation was there already (before or
+    — a concurrent one — after this one ran). Its samples are made shard by shard (the recipe's engine
+    calls), each kept as it is made; once `should_stop` (a preemption or time-limit signal), it stops at the
+    next shard and raises Preempted, and its next run makes only the missing shards: the same bits as an
+    uninterrupted evaluation. The shards are deleted once the evaluation is committed."""
     from probepo.stages.common import task_of
     from probepo.stages.evaluate import benchmark_suite, heldout_suite, score_suite
 
     store = open_store(request.store_url)
     if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
+        store.drop_evaluation_shards(request.run_id, request.checkpoint, request.suite)
         return "exists"
     if request.checkpoint not in (committed := checkpoints(checkpoint_markers(store, request.run_id))):
         raise ValueError(
@@ -191,10 +229,21 @@ def evaluate_checkpoint(request: EvaluationRequest) -> str:
     config = stored_config(store, request.run_id)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix=f"probepo-eval-{request.run_id}-") as scratch:
-        ctx = StageContext(store, request.run_id, request.checkpoint, config, Path(scratch))
+        ctx = StageContext(store, request.run_id, request.checkpoint, config, Path(scratch), should_stop)
         task = task_of(ctx)
         suite = heldout_suite(ctx, task) if request.suite == HELDOUT else benchmark_suite(ctx, request.suite)
-        summary, table = score_suite(ctx, task, suite)
-    record = {**summary, "per_problem": table, "wall_s": round(time.perf_counter() - started, 3)}
+        summary, table = score_suite(ctx, task, suite, EvaluationShards(ctx, request.suite))
+    resumed = ctx.attempt_notes.get("resumed_shards", 0)
+    record = {
+        **summary,
+        "source": suite.source,
+        "per_problem": table,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "shards": resumed + ctx.attempt_notes.get("shards_run", 0),
+        "resumed_shards": resumed,
+    }
     created = store.record_evaluation(request.run_id, request.checkpoint, request.suite, record)
-    return "evaluated" if created else "exists"
+    store.drop_evaluation_shards(request.run_id, request.checkpoint, request.suite)
+    if not created:
+        return "exists"
+    return "resumed" if resumed else "evaluated"

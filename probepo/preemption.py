@@ -14,7 +14,12 @@ PREEMPTED_EXIT = 75
 
 
 class Preempted(RuntimeError):
-    """A stage stopped at a safe point after a preemption signal; its partial progress is committed."""
+    """A stage stopped at a safe point after a preemption signal; its partial progress is committed.
+    `progressed`: whether this attempt committed anything before it stopped."""
+
+    def __init__(self, message: str, *, progressed: bool = True) -> None:
+        super().__init__(message)
+        self.progressed = progressed
 
 
 class StopFlag:

@@ -4,10 +4,14 @@ this process (inline). Each executor's backend submits them (backends.py).
 
 Unlike a stage, an item is never re-attached to after a restart: each one commits its own result
 create-only in the store, so an item whose job died is simply missing there and done again next time.
+An item's function is given a stop flag (raised by USR2 or SIGTERM: a preemption or the time limit's
+warning); an item that stops at a safe point (raising Preempted, its progress kept) requeues its task
+(slurm/job.py: run_array_task), whose next run goes on from that progress.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +21,12 @@ from probepo.config import ExecutionProfile
 from probepo.schedule import Stage
 from slurm.accounting import JobCost
 from slurm.executors import executor_for
+from slurm.job import run_array_task
 
 T = TypeVar("T")
+
+ArrayWork = Callable[[T, Callable[[], bool]], Any]
+"""One item's work: `fn(item, should_stop)`, which may stop at a safe point by raising Preempted."""
 
 ArrayWatch = Callable[[str, int, Callable[[], None]], None]
 """Wraps the wait for one submitted array (its job id, its number of tasks, the wait itself)."""
@@ -41,9 +49,13 @@ def _error_of(exc: BaseException) -> str:
     return "\n".join(lines[-12:]) or type(exc).__name__
 
 
+def _never() -> bool:
+    return False
+
+
 def run_array(
     executor: str,
-    fn: Callable[[T], Any],
+    fn: ArrayWork[T],
     items: Sequence[T],
     profile: ExecutionProfile | None,
     *,
@@ -52,9 +64,9 @@ def run_array(
     parallelism: int | None = None,
     watch: ArrayWatch | None = None,
 ) -> list[ItemOutcome]:
-    """Run `fn(item)` for every item and wait for all: through the executor's backend as job arrays (on
-    SLURM of at most MaxArraySize tasks each, at most `parallelism` running at once) with the profile's
-    resources for `stage` (None: the defaults), or one after another in this process for an executor
+    """Run `fn(item, should_stop)` for every item and wait for all: through the executor's backend as job
+    arrays (on SLURM of at most MaxArraySize tasks each, at most `parallelism` running at once) with the
+    profile's resources for `stage` (None: the defaults), or one after another in this process for an executor
     without one (inline).
     Returns one outcome per item, in order; one item's failure does not stop the others."""
     if not items:
@@ -64,7 +76,7 @@ def run_array(
         outcomes = []
         for index, item in enumerate(items):
             try:
-                outcomes.append(ItemOutcome(index, None, fn(item)))
+                outcomes.append(ItemOutcome(index, None, fn(item, _never)))
             except Exception as exc:  # one item's error is its outcome, the others go on
                 outcomes.append(ItemOutcome(index, None, error=_error_of(exc)))
         return outcomes
@@ -73,7 +85,8 @@ def run_array(
     backend = chosen.backend(profile)
     backend.check()
     folder = Path(profile.job_folder).resolve() / name
-    arrays = backend.submit_arrays(fn, items, profile.resources(stage), folder, parallelism)
+    task = functools.partial(run_array_task, fn)
+    arrays = backend.submit_arrays(task, items, profile.resources(stage), folder, parallelism)
     for submitted in arrays:
 
         def wait(submitted: list[Any] = submitted) -> None:

@@ -20,7 +20,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from probepo import distributed
 from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
@@ -54,6 +56,36 @@ def requeue_self() -> bool:
     if asked.returncode != 0:
         print(f"probepo: scontrol requeue {job_id}: {asked.stderr.strip()}", file=sys.stderr, flush=True)
     return True
+
+
+RESTARTS_BEFORE_GIVING_UP = 3
+"""An array task requeued this many times that stops again without keeping anything new leaves instead of
+requeueing itself (its progress stays for the next night): a task whose shards take longer than its time
+limit must not requeue forever."""
+
+
+def run_array_task(fn: Callable[[Any, Callable[[], bool]], Any], item: Any) -> Any:
+    """One task of a job array: `fn(item, should_stop)`, the flag raised by USR2 (a preemption, or the time
+    limit's warning `signal_grace_s` before it) or SIGTERM. Stopped at a safe point (Preempted), the task
+    requeues itself (`scontrol requeue`: a time limit ends as a preemption does) and its next run, on any
+    node, goes on from what was kept; unless it kept nothing new and was requeued RESTARTS_BEFORE_GIVING_UP
+    times already, when it fails with that reason."""
+    flag = _install_stop_flag()
+    try:
+        return fn(item, flag)
+    except Preempted as exc:
+        print(f"probepo: {exc}", file=sys.stderr, flush=True)
+        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+        if (exc.progressed or restarts < RESTARTS_BEFORE_GIVING_UP) and requeue_self():
+            print(
+                f"probepo: requeued array task {os.environ.get('SLURM_JOB_ID')}", file=sys.stderr, flush=True
+            )
+            sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
+        raise RuntimeError(
+            f"{exc}; stopped after {restarts} requeues without keeping anything new (or outside SLURM): its"
+            " progress is kept for the next run; give the eval_task more time (time_min) if a shard takes"
+            " longer than the time limit leaves"
+        ) from exc
 
 
 def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:

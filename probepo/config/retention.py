@@ -28,8 +28,9 @@ class Retention(Strict):
     lacks an evaluation on `evaluation_suites` (one the run made itself counts: the nightly takes its
     numbers); None: no such guard, the two settings above alone decide."""
 
-    evaluation_suites: tuple[str, ...] = ("heldout",)
-    """The suites the nightly evaluation runs, for `pending_evaluation`."""
+    evaluation_suites: tuple[str, ...] | None = None
+    """The suites the nightly evaluation runs, for `pending_evaluation`; None (the nightly's default too):
+    each run's own, its `eval.benchmarks` (a maths run's six) or else its held-out split."""
 
     @property
     def keeps_everything(self) -> bool:

@@ -131,6 +131,9 @@ class MathTask(Task):
         rows = self.problems[split]
         return rows[index % len(rows)]
 
+    def split_size(self, split: str) -> int:
+        return len(self.problems[split])
+
     def prompt_ids(self, problem: Problem) -> list[int]:
         """The rendered template's ids, after BOS where the module docstring says."""
         text = render_prompt(self.family, problem.prompt, self.tokenizer.hf, self.instruction)

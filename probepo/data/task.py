@@ -105,6 +105,10 @@ class Task(ABC):
                 return problem
         raise RuntimeError(f"no {split} problem found for index {index}: the problem space is too small")
 
+    def split_size(self, split: str) -> int | None:
+        """How many distinct problems `split` holds; None: unbounded (a generated task draws without end)."""
+        return None
+
     def batch(self, stream: str, seed: int, index: int, size: int, split: str = "train") -> list[Problem]:
         """Batch `index` of a named stream: `size` problems drawn deterministically (with replacement) from
         the split. Streams are independent draws, so the RL prompts of a run (`RL_STREAM`) never replay the

@@ -14,14 +14,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from probepo import spend
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import generate_in_shards, graded_over_ranks
+from probepo.stages.shards import ShardBook, generate_in_shards, graded_over_ranks
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
@@ -33,19 +32,21 @@ HELDOUT = "heldout"
 
 @dataclass(frozen=True)
 class Suite:
-    """Problems evaluated together, each with k samples."""
+    """Problems evaluated together, each with k samples; `source` says which, in words."""
 
     name: str
     problems: list[Problem]
     k: int
+    source: str
 
 
 def _per_problem(
-    ctx: StageContext, task: Task, suite: Suite, temperature: float, shards: str | None
+    ctx: StageContext, task: Task, suite: Suite, temperature: float, shards: str, book: ShardBook | None
 ) -> list[float]:
-    """[problems] fraction of each problem's k samples graded right (k = 1 when greedy). With `shards` (the
-    evaluate stage) the samples are made over the job's ranks as shards of that name; without (evaluating
-    a checkpoint after the fact), in one call: the same bits either way."""
+    """[problems] fraction of each problem's k samples graded right (k = 1 when greedy), the samples made
+    over the job's ranks as shards named `shards`, kept in `book` (None: the run's ledger, as the evaluate
+    stage keeps them; an evaluation after the fact keeps its own): the same bits either way, and a stopped
+    evaluation resumes from them."""
     k = 1 if temperature == 0 else suite.k
     params = sampling_params(ctx, task, temperature=temperature)
     # The same seed at every update and in every run: arms are compared on the same random stream.
@@ -53,11 +54,7 @@ def _per_problem(
     prompts = [task.prompt_ids(p) for p in suite.problems]
     limits = [response_budget(ctx.config.sampling, len(prompt)) for prompt in prompts]
     engine = generation_engine(ctx)
-    if shards is None:
-        with spend.timed("generation"):
-            samples = engine.continue_from(prompts, k, params, seed, limits)
-    else:
-        samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits)
+    samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits, book=book)
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
     problems = [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
     outcomes = graded_over_ranks(ctx, task, texts, problems)
@@ -66,11 +63,28 @@ def _per_problem(
 
 
 def heldout_suite(ctx: StageContext, task: Task) -> Suite:
-    """The run's own eval split: problems 0..problems-1, `samples_per_problem` samples each."""
+    """The run's own eval split: problems 0..problems-1, `samples_per_problem` samples each, each problem
+    once: a split of fixed size (a maths task's eval set, math500 by default) gives at most all of its
+    problems, never a problem twice."""
     settings = ctx.config.eval
+    size = task.split_size("eval")
+    count = settings.problems if size is None else min(settings.problems, size)
     return Suite(
-        HELDOUT, [task.problem(i, "eval") for i in range(settings.problems)], settings.samples_per_problem
+        HELDOUT,
+        [task.problem(i, "eval") for i in range(count)],
+        settings.samples_per_problem,
+        f"{_eval_split(ctx.config)}, problems 0-{count - 1}",
     )
+
+
+def _eval_split(config: RunConfig) -> str:
+    """What a run's eval split is, in words."""
+    task = config.task
+    if task.kind != "math":
+        return "the testbed task's eval split"
+    if task.source == "benchmarks":
+        return f"{task.eval_set} (the task's eval split)"
+    return f"the {task.source} problems' eval split"
 
 
 def benchmark_suite(ctx: StageContext, name: str) -> Suite:
@@ -81,11 +95,15 @@ def benchmark_suite(ctx: StageContext, name: str) -> Suite:
 
     settings = ctx.config.eval
     problems = [from_benchmark(p) for p in load_benchmark(name, ctx.config.task.benchmarks_root)]
-    return Suite(
-        name,
-        problems[: settings.benchmark_problems],
-        settings.benchmark_samples or BENCHMARKS[name].mean_at_k or 1,
-    )
+    chosen = problems[: settings.benchmark_problems]
+    k = settings.benchmark_samples or BENCHMARKS[name].mean_at_k or 1
+    return Suite(name, chosen, k, f"{name}: {len(chosen)} of its {len(problems)} problems, Mean@{k}")
+
+
+def recipe_suites(config: RunConfig) -> tuple[str, ...]:
+    """The suites a run's own evaluate stage scores, and what an evaluation after the fact takes by default:
+    its `eval.benchmarks` (a maths run: the study's six at their Mean@k), else its held-out split."""
+    return config.eval.benchmarks or (HELDOUT,)
 
 
 def suites_for(config: RunConfig) -> tuple[str, ...]:
@@ -97,13 +115,13 @@ def suites_for(config: RunConfig) -> tuple[str, ...]:
 
 
 def score_suite(
-    ctx: StageContext, task: Task, suite: Suite, *, sharded: bool = False
+    ctx: StageContext, task: Task, suite: Suite, book: ShardBook | None = None
 ) -> tuple[dict[str, float | int], dict[str, list]]:
     """Mean@k of policy k on `suite` at the run's eval temperature: a summary (mean, stderr, problems, k)
-    and the per-problem table (id, fraction correct). `sharded`: made over the job's ranks as shards of the
-    evaluate stage (`evaluate.<suite>.shard-CCCC`)."""
+    and the per-problem table (id, fraction correct). Its samples are made as shards
+    `evaluate.<suite>.shard-CCCC`, kept in `book` (None: the run's ledger)."""
     temperature = ctx.config.eval.temperature
-    correct = _per_problem(ctx, task, suite, temperature, f"{STAGE}.{suite.name}" if sharded else None)
+    correct = _per_problem(ctx, task, suite, temperature, f"{STAGE}.{suite.name}", book)
     mean, stderr = mean_and_stderr(correct)
     k = 1 if temperature == 0 else suite.k
     ids = [getattr(p, "id", "") for p in suite.problems]
@@ -116,7 +134,7 @@ def score_suite(
 def _heldout(ctx: StageContext, task: Task) -> None:
     settings = ctx.config.eval
     suite = heldout_suite(ctx, task)
-    scored, scored_table = score_suite(ctx, task, suite, sharded=True)
+    scored, scored_table = score_suite(ctx, task, suite)
     summary = {
         "accuracy": scored["mean"],
         "stderr": scored["stderr"],
@@ -125,7 +143,7 @@ def _heldout(ctx: StageContext, task: Task) -> None:
     }
     table = {"problem": list(range(len(suite.problems))), "correct": scored_table["correct"]}
     if settings.greedy and settings.temperature != 0:
-        table["greedy_correct"] = _per_problem(ctx, task, suite, 0.0, f"{STAGE}.{suite.name}-greedy")
+        table["greedy_correct"] = _per_problem(ctx, task, suite, 0.0, f"{STAGE}.{suite.name}-greedy", None)
         summary["greedy_accuracy"], summary["greedy_stderr"] = mean_and_stderr(table["greedy_correct"])
     ctx.commit(STAGE, {RESULTS: table_to_parquet(table)}, summary)
 
@@ -140,7 +158,7 @@ def _benchmarks(ctx: StageContext, task: Task) -> None:
 
     files, summary, means, errors = {}, {}, {}, {}
     for suite in benchmark_suites(ctx):
-        scored, table = score_suite(ctx, task, suite, sharded=True)
+        scored, table = score_suite(ctx, task, suite)
         means[suite.name], errors[suite.name] = scored["mean"], scored["stderr"]
         files[f"eval-{suite.name}.parquet"] = table_to_parquet(table)
         summary.update({f"{suite.name}/{key}": value for key, value in scored.items()})

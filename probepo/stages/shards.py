@@ -8,14 +8,19 @@ ranks, whoever made which call.
 
 At a preemption signal a rank claims no further call; every rank then raises Preempted together (the shards
 already committed stay), and the next attempt, on any number of ranks, makes only the missing ones.
+
+Where the shards are kept is a ShardBook: a stage's go to the run's ledger (LedgerShards); an evaluation
+after the fact keeps its own beside the run's evaluations (probepo.evaluations), never in the ledger.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from contextlib import suppress
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from probepo import distributed, spend
 from probepo.data import Problem, Task
@@ -25,6 +30,7 @@ from probepo.faults import fault_point
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import AlreadyCommitted
+from probepo.store.errors import FormatError
 from probepo.store.formats import table_from_parquet, table_to_parquet
 
 SHARD_TABLE = "shard.parquet"
@@ -34,10 +40,44 @@ def shard_name(stage: str, chunk: int) -> str:
     return f"{stage}.shard-{chunk:04d}"
 
 
-def _committed_shards(ctx: StageContext, stage: str) -> set[int]:
+def shard_indices(names: Sequence[str], stage: str) -> set[int]:
+    """The call indices of the shards of `stage` among sub-stage names."""
     prefix = f"{stage}.shard-"
-    names = ctx.store.committed_stages(ctx.run_id, ctx.update)
     return {int(name[len(prefix) :]) for name in names if name.startswith(prefix)}
+
+
+class ShardBook(Protocol):
+    """Where a generating step keeps its shards (each the parquet table of one engine call's completions)."""
+
+    def committed(self, stage: str) -> set[int]:
+        """The calls of `stage` whose shards are kept."""
+        ...
+
+    def commit(self, name: str, table: bytes, summary: Mapping[str, Any]) -> None:
+        """Keep one shard, made by this rank alone; a shard kept already (the same bits) stands."""
+        ...
+
+    def read(self, name: str) -> bytes:
+        """A kept shard's table."""
+        ...
+
+
+@dataclass(frozen=True)
+class LedgerShards:
+    """A stage's shards: sub-stages `<stage>.shard-CCCC` of its update in the run's ledger."""
+
+    ctx: StageContext
+
+    def committed(self, stage: str) -> set[int]:
+        return shard_indices(self.ctx.store.committed_stages(self.ctx.run_id, self.ctx.update), stage)
+
+    def commit(self, name: str, table: bytes, summary: Mapping[str, Any]) -> None:
+        # another attempt may have made this chunk meanwhile (a job run twice): the same bits, so it stands
+        with suppress(AlreadyCommitted):
+            self.ctx.commit_own(name, {SHARD_TABLE: table}, summary)
+
+    def read(self, name: str) -> bytes:
+        return self.ctx.read(name)[SHARD_TABLE]
 
 
 def generate_in_shards(
@@ -52,15 +92,18 @@ def generate_in_shards(
     *,
     rescue_ids: Sequence[int] = (),
     rescue_tokens: int = 0,
+    book: ShardBook | None = None,
 ) -> list[list[Completion]]:
     """`engine.continue_from` with these arguments, over this job's ranks: every rank calls it alike, makes
-    the calls it claims among those no attempt has committed, and gets every prefix's completions back
-    (read from the committed shards). Raises Preempted on every rank when any rank's stop flag is up."""
+    the calls it claims among those no attempt has kept in `book` (default: the run's ledger), and gets
+    every prefix's completions back (read from the kept shards). Raises Preempted on every rank when any
+    rank's stop flag is up."""
+    book = book or LedgerShards(ctx)
     plan = engine.chunks(prefixes, n)
     calls = engine.calls(len(plan))
     # rank 0's view, before any rank makes a call of this step: every rank must claim from the same list
     missing = distributed.broadcast_json(
-        sorted(set(range(len(calls))) - _committed_shards(ctx, stage)) if distributed.rank() == 0 else None
+        sorted(set(range(len(calls))) - book.committed(stage)) if distributed.rank() == 0 else None
     )
     stop_here = distributed.own_flag(ctx.should_stop)
     made: dict[int, list[list[Completion]]] = {}  # this rank's calls: not read back from the store
@@ -78,17 +121,20 @@ def generate_in_shards(
             )
         decode_s = time.perf_counter() - started
         completions = [row for rows in decoded for row in rows]
-        _commit_shard(ctx, shard_name(stage, index), _prefixes_of(plan, calls[index]), completions, decode_s)
+        book.commit(
+            shard_name(stage, index), *_shard(_prefixes_of(plan, calls[index]), completions, decode_s)
+        )
         made[index] = completions
     notes = ctx.attempt_notes  # rank 0's, summed over the calls of a stage (a tree grows by several)
     notes["resumed_shards"] = notes.get("resumed_shards", 0) + len(calls) - len(missing)
     notes["shards_run"] = notes.get("shards_run", 0) + len(made)
     if distributed.any_rank(stopped):
-        kept = len(_committed_shards(ctx, stage))
+        kept = len(book.committed(stage))
         raise Preempted(
-            f"preempted during {stage} of update {ctx.update}: {kept} of {len(calls)} shards committed"
+            f"preempted during {stage} of update {ctx.update}: {kept} of {len(calls)} shards committed",
+            progressed=bool(made),
         )
-    return _gather_shards(ctx, stage, [_prefixes_of(plan, call) for call in calls], made)
+    return _gather_shards(ctx, book, stage, [_prefixes_of(plan, call) for call in calls], made)
 
 
 def graded_over_ranks(ctx: StageContext, task: Task, texts: list[str], problems: list[Problem]) -> list[str]:
@@ -112,9 +158,10 @@ def _prefixes_of(plan: list[list[int]], call: list[int]) -> list[int]:
     return [i for c in call for i in plan[c]]
 
 
-def _commit_shard(
-    ctx: StageContext, name: str, prefixes: list[int], completions: list[list[Completion]], decode_s: float
-) -> None:
+def _shard(
+    prefixes: list[int], completions: list[list[Completion]], decode_s: float
+) -> tuple[bytes, dict[str, Any]]:
+    """One engine call's shard: the table of its completions and a summary of who made it."""
     rows = [(i, c) for i, samples in zip(prefixes, completions, strict=True) for c in samples]
     table = {
         "prefix": [i for i, _ in rows],
@@ -134,16 +181,18 @@ def _commit_shard(
         "tokens": sum(len(sample.ids) for samples in completions for sample in samples),
         "decode_s": round(decode_s, 4),
     }
-    # another attempt may have made this chunk meanwhile (a job run twice): the same bits, so it stands
-    with suppress(AlreadyCommitted):
-        ctx.commit_own(name, {SHARD_TABLE: table_to_parquet(table)}, summary)
+    return table_to_parquet(table), summary
 
 
 def _gather_shards(
-    ctx: StageContext, stage: str, shards: list[list[int]], made: dict[int, list[list[Completion]]]
+    ctx: StageContext,
+    book: ShardBook,
+    stage: str,
+    shards: list[list[int]],
+    made: dict[int, list[list[Completion]]],
 ) -> list[list[Completion]]:
     """Every prefix's completions: those of the calls this rank `made`, the others from their shards of
-    `stage`, each checked to hold its call's prefixes (`shards`: each call's prefix indices)."""
+    `stage` in `book`, each checked to hold its call's prefixes (`shards`: each call's prefix indices)."""
     results: list[list[Completion]] = [[] for shard in shards for _ in shard]
     for index, shard in enumerate(shards):
         if index in made:
@@ -151,7 +200,13 @@ def _gather_shards(
                 results[i] = samples
             continue
         name = shard_name(stage, index)
-        table = table_from_parquet(ctx.read(name)[SHARD_TABLE])
+        try:
+            table = table_from_parquet(book.read(name))
+        except FormatError as exc:  # a torn or foreign object under the shard's key
+            raise RuntimeError(
+                f"{name} of update {ctx.update} of run {ctx.run_id} is unreadable ({exc}): delete it and the"
+                " next attempt makes that call again"
+            ) from exc
         if sorted(set(map(int, table["prefix"]))) != sorted(shard):
             raise RuntimeError(
                 f"{name} of update {ctx.update} of run {ctx.run_id} holds other prefixes than call {index}"

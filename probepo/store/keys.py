@@ -129,6 +129,15 @@ class RunLayout:
         """The evaluation of checkpoint `k` on benchmark suite `suite` (nightly or `probepo evaluate`)."""
         return f"{self.evaluations_root}{update(k):06d}/{file_name(suite)}.json"
 
+    def evaluation_shards(self, k: int, suite: str) -> str:
+        """The prefix of an evaluation's progress (checkpoint `k` on `suite`, after the fact): one object per
+        engine call made, kept until its evaluation is committed. Beside the evaluations, never in the
+        run's ledger: an evaluation after the fact takes no lease and never drives the run."""
+        return f"{self.root}evaluation-shards/{update(k):06d}/{file_name(suite)}/"
+
+    def evaluation_shard(self, k: int, suite: str, name: str) -> str:
+        return f"{self.evaluation_shards(k, suite)}{stage(name)}.parquet"
+
     @property
     def ledger_root(self) -> str:
         return self.root + "ledger/"

@@ -145,6 +145,36 @@ class RunRecords:
             found[(record["checkpoint"], record["suite"])] = record
         return found
 
+    def commit_evaluation_shard(
+        self, run_id: str, checkpoint: int, suite: str, name: str, data: bytes
+    ) -> bool:
+        """Keep (create-only) one engine call's completions of an evaluation after the fact, so that a task
+        stopped midway resumes from it; False when the shard is there already (the same bits)."""
+        key = RunLayout(run_id).evaluation_shard(checkpoint, suite, name)
+        return self.objects.put_if_absent(key, data) is not None
+
+    def evaluation_shard_names(self, run_id: str, checkpoint: int, suite: str) -> list[str]:
+        """The shards an unfinished evaluation of checkpoint `checkpoint` on `suite` has kept, sorted."""
+        root = RunLayout(run_id).evaluation_shards(checkpoint, suite)
+        return sorted(
+            info.key[len(root) :].removesuffix(".parquet")
+            for info in self.objects.list(root)
+            if info.key.endswith(".parquet") and "/" not in info.key[len(root) :]
+        )
+
+    def read_evaluation_shard(self, run_id: str, checkpoint: int, suite: str, name: str) -> bytes:
+        return self.objects.get_bytes(RunLayout(run_id).evaluation_shard(checkpoint, suite, name))
+
+    def drop_evaluation_shards(self, run_id: str, checkpoint: int, suite: str) -> int:
+        """Delete an evaluation's shards once it is committed (they hold every completion: at the study's
+        k, college_math's are ~100 MB a checkpoint); returns how many."""
+        root = RunLayout(run_id).evaluation_shards(checkpoint, suite)
+        found = list(self.objects.list(root))
+        for info in found:
+            self.objects.delete(info.key)
+        self.objects.prune_empty(root)
+        return len(found)
+
     def append_metrics(self, run_id: str, record: dict[str, Any]) -> None:
         """Append one JSON line to metrics.jsonl (local: O_APPEND + fsync; S3: compare-and-swap rewrite)."""
         self.objects.append(RunLayout(run_id).metrics, to_json_bytes(record) + b"\n")

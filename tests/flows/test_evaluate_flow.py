@@ -52,14 +52,20 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
     latest_of_a = CheckpointSelection(runs=("night-a",), latest=True)
     first = nightly_eval(store.url, selection=latest_of_a, **on_slurm, return_state=True)
     assert first.is_completed(), first.message  # policy 2 was evaluated by the run itself: nothing submitted
-    assert first.result() == {"evaluated": 0, "reused": 1, "exists": 0, "failed": 0}
+    assert first.result() == {"evaluated": 0, "resumed": 0, "reused": 1, "exists": 0, "failed": 0}
     assert sorted(store.evaluations("night-a")) == [(2, "heldout")]
     assert _task_run_names(first.state_details.flow_run_id, 0) == set()
 
     monkeypatch.setattr(slurm.accounting, "max_array_size", lambda: 2)  # 3 pairs to run: arrays of 2 and 1
     second = nightly_eval(store.url, max_parallel=2, **on_slurm, return_state=True)
     assert second.is_completed(), second.message
-    assert second.result() == {"evaluated": 3, "reused": 8, "exists": 0, "failed": 0}  # policy 1 of a, c, d
+    assert second.result() == {
+        "evaluated": 3,
+        "resumed": 0,
+        "reused": 8,
+        "exists": 0,
+        "failed": 0,
+    }  # policy 1 of a, c, d
     names = _task_run_names(second.state_details.flow_run_id, 2)  # "evaluate · array <id> · <n> tasks"
     assert sorted(name.rsplit(" · ", 1)[1] for name in names) == ["1 task", "2 tasks"], names
     array_ids = [name.split(" · ")[1].removeprefix("array ") for name in names]
@@ -69,6 +75,7 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
     table = _artifact("nightly-eval-evaluations")  # each array task's GPU-hours, from accounting
     assert "GPU-hours" in table.description, table.description
     cost = {row["outcome"]: row["GPU-h"] for row in json.loads(table.data)}
+    assert {row["status"] for row in json.loads(table.data)} == {"complete"}
     assert cost["evaluated"] > 0 and cost["reused"] is None
     # max_parallel 2 over two arrays: one task of each at a time
     scripts = [path.read_text() for path in (tmp_path / "jobs" / "nightly-eval").glob("*_submission.sh")]
@@ -85,7 +92,13 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
         stamps[run_id] = {key: record["at"] for key, record in records.items()}
 
     third = nightly_eval(store.url, **on_slurm, return_state=True)
-    assert third.is_completed() and third.result() == {"evaluated": 0, "reused": 0, "exists": 0, "failed": 0}
+    assert third.is_completed() and third.result() == {
+        "evaluated": 0,
+        "resumed": 0,
+        "reused": 0,
+        "exists": 0,
+        "failed": 0,
+    }
     assert _task_run_names(third.state_details.flow_run_id, 0) == set()  # no job submitted
     for run_id in stamps:
         assert {key: record["at"] for key, record in store.evaluations(run_id).items()} == stamps[run_id]

@@ -145,3 +145,17 @@ def test_benchmark_problems_train_on_math_and_evaluate_on_math500():
     problems = benchmark_problems("math500")
     assert len(problems["train"]) == 4497 and len(problems["eval"]) == 500
     assert all(p.golds and p.answer == p.golds[0] for rows in problems.values() for p in rows)
+
+
+def test_the_heldout_suite_of_a_maths_run_takes_each_eval_problem_once(task):
+    """eval.problems 1,024 over a 1-problem eval split: that problem once, never wrapped round to 1,024."""
+    from types import SimpleNamespace
+
+    from probepo.config.run import EvalConfig
+    from probepo.stages.evaluate import heldout_suite
+
+    math_run = SimpleNamespace(kind="math", source="benchmarks", eval_set="math500")
+    ctx = SimpleNamespace(config=SimpleNamespace(eval=EvalConfig(problems=1024), task=math_run))
+    suite = heldout_suite(ctx, task)  # type: ignore[arg-type]
+    assert task.split_size("eval") == 1 and [p.id for p in suite.problems] == ["e0"]
+    assert suite.source == "math500 (the task's eval split), problems 0-0"

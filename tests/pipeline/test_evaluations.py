@@ -5,6 +5,7 @@ evaluation, each committed create-only beside its run, the same numbers as the r
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -123,3 +124,51 @@ def test_an_items_error_is_its_outcome_and_the_others_go_on(trained):
 
 def test_arrays_split_to_max_array_size():
     assert chunks(5, 2) == [range(0, 2), range(2, 4), range(4, 5)] and chunks(0, 100) == []
+
+
+def test_a_stopped_evaluation_keeps_its_shards_and_resumes_to_an_uninterrupted_ones_bits(warm_store):
+    """Four engine calls (batch rows 4 over 16 problems): stopped after the first, that one is kept; a torn
+    shard is named with what to do; the next run makes only what is missing, and the numbers equal those
+    of a twin run's uninterrupted evaluation."""
+    from probepo.config import RunConfig
+    from probepo.preemption import Preempted
+
+    sampling = {**RunConfig().sampling.model_dump(), "batch_rows": 4}
+    evaluated_at_ends = {**tiny_config().eval.model_dump(), "every": 10}  # policies 0 and 2 in the run
+    for run_id in ("shards-a", "shards-b"):
+        config = tiny_config(store=warm_store.url, sampling=sampling, eval=evaluated_at_ends)
+        train(config, run_id, store=warm_store)
+    stopped = EvaluationRequest(warm_store.url, "shards-a", 1, "heldout")
+    kept = lambda: warm_store.evaluation_shard_names("shards-a", 1, "heldout")  # noqa: E731
+    with pytest.raises(Preempted, match="1 of 4 shards committed") as raised:
+        evaluate_checkpoint(stopped, should_stop=lambda: len(kept()) >= 1)
+    assert raised.value.progressed and kept() == ["evaluate.heldout.shard-0000"]
+    assert warm_store.evaluation("shards-a", 1, "heldout") is None
+    assert not any(name.startswith("evaluate.") for name in warm_store.committed_stages("shards-a", 1))
+    shard = (
+        Path(warm_store.url)
+        / "runs/shards-a/evaluation-shards/000001/heldout/evaluate.heldout.shard-0000.parquet"
+    )
+    made = shard.read_bytes()
+    shard.write_bytes(b"torn")
+    with pytest.raises(
+        RuntimeError, match=r"shard-0000 of update 1 of run shards-a is unreadable .*: delete it"
+    ):
+        evaluate_checkpoint(stopped)
+    shard.write_bytes(made)
+    assert evaluate_checkpoint(stopped) == "resumed" and kept() == []  # the shards go with the commit
+    twin = EvaluationRequest(warm_store.url, "shards-b", 1, "heldout")
+    assert evaluate_checkpoint(twin) == "evaluated"
+    resumed, whole = (
+        warm_store.evaluation("shards-a", 1, "heldout"),
+        warm_store.evaluation("shards-b", 1, "heldout"),
+    )
+    # the attempt that met the torn shard had made the other three: all four were kept before
+    assert (resumed["resumed_shards"], resumed["shards"], whole["resumed_shards"]) == (4, 4, 0)
+    assert (resumed["mean"], resumed["per_problem"]) == (whole["mean"], whole["per_problem"])
+    assert resumed["source"] == "the testbed task's eval split, problems 0-15"
+
+
+def test_by_default_each_run_is_evaluated_on_its_own_recipes_suites(trained):
+    wanted = missing(trained, None, EVALS_RUN)  # the testbed's recipe scores its held-out split
+    assert {(r.checkpoint, r.suite) for r in wanted} <= {(k, "heldout") for k in range(3)}

@@ -1,0 +1,63 @@
+"""What the nightly's artifact says of each (checkpoint, suite) (flows/evaluate.py: evaluation_row):
+complete, resumed from an earlier task's shards, or pending with the shards kept so far, beside its job
+and GPU-hours. The tasks themselves: tests/slurm/test_nightly.py."""
+
+from __future__ import annotations
+
+from flows.evaluate import evaluation_row
+from probepo.evaluations import EvaluationRequest
+from slurm.accounting import JobCost
+from slurm.arrays import ItemOutcome
+
+REQUEST = EvaluationRequest("s3://b/p", "grpo-7b", 40, "college_math")
+COST = JobCost(job_id="9_3", gpus=1, cpus=8, elapsed_s=5400, gpu_seconds=5400, cpu_seconds=43200, records=2,
+               state="COMPLETED")  # fmt: skip
+
+
+class Kept:
+    """A store's view of one pair: its record and its kept shards."""
+
+    def __init__(self, record: dict | None, shards: int = 0) -> None:
+        self.record, self.shards = record, [f"evaluate.college_math.shard-{i:04d}" for i in range(shards)]
+
+    def evaluation(self, run_id: str, checkpoint: int, suite: str) -> dict | None:
+        return self.record
+
+    def evaluation_shard_names(self, run_id: str, checkpoint: int, suite: str) -> list[str]:
+        return self.shards
+
+
+def test_a_pair_is_complete_resumed_or_pending_with_its_gpu_hours():
+    numbers = {"mean": 0.41, "stderr": 0.01, "k": 16}
+    whole = evaluation_row(REQUEST, ItemOutcome(0, "9_3", "evaluated", cost=COST), Kept(numbers))  # type: ignore[arg-type]
+    assert (whole["status"], whole["GPU-h"], whole["mean"]) == ("complete", 1.5, 0.41)
+    resumed_record = {**numbers, "resumed_shards": 3, "shards": 8}
+    resumed = evaluation_row(REQUEST, ItemOutcome(0, "9_3", "resumed", cost=COST), Kept(resumed_record))  # type: ignore[arg-type]
+    assert resumed["status"] == "resumed: 3 of 8 shards kept before" and resumed["k"] == 16
+    died = ItemOutcome(0, "9_3", error="killed", cost=COST)
+    pending = evaluation_row(REQUEST, died, Kept(None, shards=5))  # type: ignore[arg-type]
+    assert (pending["status"], pending["outcome"], pending["GPU-h"]) == (
+        "pending: 5 shards kept",
+        "failed",
+        1.5,
+    )
+    assert "mean" not in pending
+
+
+class Evaluated:
+    def __init__(self, means: dict[str, float]) -> None:
+        self.means = means
+
+    def evaluations(self, run_id: str) -> dict:
+        return {(40, suite): {"mean": mean} for suite, mean in self.means.items()}
+
+
+def test_a_checkpoint_with_all_six_benchmarks_gets_its_avg6():
+    from flows.evaluate import avg6_rows
+    from probepo.data.benchmarks import AVG6_BENCHMARKS
+
+    six = {name: 0.1 * (i + 1) for i, name in enumerate(AVG6_BENCHMARKS)}
+    (row,) = avg6_rows([REQUEST, REQUEST], {REQUEST.store_url: Evaluated(six)})  # type: ignore[dict-item]
+    assert row["suite"] == "avg6" and abs(row["mean"] - 0.35) < 1e-12
+    five = dict(list(six.items())[:5])
+    assert avg6_rows([REQUEST], {REQUEST.store_url: Evaluated(five)}) == []  # type: ignore[dict-item]
