@@ -11,7 +11,7 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.cache_policies import NO_CACHE
 from rich.console import Console
 
-from flows.train import artifact_key
+from flows.artifacts import artifact_key
 from probepo.config import RunConfig
 from probepo.demo import summarize, train_arms, warm_up
 from probepo.presets import ConfigError, validate_run_config

@@ -7,7 +7,8 @@ opens on the recipe itself, field by field, so what will run is what the form sh
 shows its 1,000 updates and its model), per-field bounds are checked as it is edited, and Quick run
 launches the preset as it stands. A preset added is deployed by running deploy.sh again.
 
-`python -m flows.deployments [--site FILE]` prints the prefect.yaml that deploy.sh deploys.
+`python -m flows.deployments [--site FILE]` prints the prefect.yaml that deploy.sh deploys; with
+`--fit-forms`, it fits the deployed train forms to their recipes (flows/forms.py), deploy.sh's last step.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import typer
 import yaml
 from pydantic import ValidationError
 
-from probepo.config import SiteConfig
+from flows.forms import fitted_schema, recipe_parameters
+from probepo.config import RunConfig, SiteConfig
 from probepo.errors import ExecutionError
 from probepo.presets import ConfigError, explain, load_profile, load_run_config
 from slurm.executors import executor_for
@@ -81,6 +83,19 @@ def presets(site: SiteConfig, folder: Path) -> dict[str, Path]:
     return found
 
 
+def train_presets(site: SiteConfig, folder: Path) -> dict[str, RunConfig]:
+    """Each preset's recipe as its train deployment opens on it (the site's store in it), by name."""
+    stored = {"store": site.store} if site.store else {}
+    return {name: load_run_config(path, stored) for name, path in presets(site, folder).items()}
+
+
+def site_profiles(site: SiteConfig, folder: Path) -> list[str]:
+    """The execution profiles a train form offers (absolute paths): the site's `profile`, then its
+    `profiles`; none without a site (the form then takes any path)."""
+    named = [site.profile, *(_absolute(p, folder) for p in site.profiles)]
+    return list(dict.fromkeys(p for p in named if p))
+
+
 def _about(path: Path) -> str:
     """A preset's description: the first sentence of its leading comment."""
     words = ""
@@ -93,7 +108,8 @@ def _about(path: Path) -> str:
 
 def deployments(site: SiteConfig, folder: Path) -> dict[str, Any]:
     """prefect.yaml with the train deployment made per preset and the site's defaults in every
-    deployment's parameters."""
+    deployment's parameters; a preset with `checkpoint_every` > 1 opens on the resident executor, which
+    it needs, whatever the site's."""
     project = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     executors = {"executor": site.executor, "profile": site.profile}
     arrays = {**executors, "executor": "slurm" if site.executor == "resident" else site.executor}
@@ -102,13 +118,15 @@ def deployments(site: SiteConfig, folder: Path) -> dict[str, Any]:
     for entry in project["deployments"]:
         flow = entry["entrypoint"].rsplit(":", 1)[1]
         if flow == "train":
+            recipes = train_presets(site, folder)
             for name, path in presets(site, folder).items():
-                config = load_run_config(path, stored).model_dump(mode="json")
                 train = copy.deepcopy(entry)
                 train.update(
                     name=name, description=f"{_about(path)} ({path.relative_to(path.parent.parent)})"
                 )
-                train["parameters"] = {"config": config, **executors}
+                # a recipe that checkpoints in full only every N updates needs the resident executor
+                needs = {"executor": "resident"} if recipes[name].checkpoint_every > 1 else {}
+                train["parameters"] = {"config": recipe_parameters(recipes[name]), **executors, **needs}
                 made.append(train)
             continue
         given = {"resume": {**stored, **executors}, "evaluate": {**stored, **arrays},
@@ -117,13 +135,37 @@ def deployments(site: SiteConfig, folder: Path) -> dict[str, Any]:
     return {**project, "deployments": made}
 
 
+def fit_train_forms(site: SiteConfig, folder: Path) -> list[str]:
+    """Fit the run form of every train deployment on the server to its preset (flows/forms.py); returns
+    their names."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import DeploymentUpdate
+
+    profiles = site_profiles(site, folder)
+    fitted = []
+    with get_client(sync_client=True) as client:
+        for name, config in train_presets(site, folder).items():
+            deployment = client.read_deployment_by_name(f"train/{name}")
+            schema = fitted_schema(deployment.parameter_openapi_schema, config, profiles)
+            client.update_deployment(deployment.id, DeploymentUpdate(parameter_openapi_schema=schema))
+            fitted.append(name)
+    return fitted
+
+
 SiteOption = Annotated[Path | None, typer.Option("--site", help="The site file (default: $PROBEPO_SITE).")]
+FitOption = Annotated[
+    bool, typer.Option("--fit-forms", help="Fit the deployed train forms to their recipes instead.")
+]
 
 
-def main(site: SiteOption = None) -> None:
-    """Print the prefect.yaml deploy.sh deploys."""
+def main(site: SiteOption = None, fit_forms: FitOption = False) -> None:
+    """Print the prefect.yaml deploy.sh deploys (or, after `prefect deploy`, fit its train forms)."""
     try:
         settings, folder = load_site(site)
+        if fit_forms:
+            names = fit_train_forms(settings, folder)
+            typer.echo(f"fitted the run forms of {len(names)} train deployments to their recipes")
+            return
         typer.echo(yaml.safe_dump(deployments(settings, folder), sort_keys=False, allow_unicode=True))
     except ConfigError as exc:
         typer.echo(f"error: {exc}", err=True)

@@ -19,15 +19,17 @@ with exactly those.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
+from prefect.runtime import flow_run
 from prefect.states import State
 from pydantic import Field
 
+from flows.artifacts import artifact_key, refused
 from flows.runner import stage_task
-from flows.train import artifact_key, refused
 from probepo.config import CheckpointSelection
 from probepo.errors import ExecutionError
 from probepo.evaluations import (
@@ -180,7 +182,13 @@ def evaluate(
     return _evaluate(missing(opened, chosen, selection), executor, profile, f"evaluate-{run_id}")
 
 
-@flow(name="nightly-eval", flow_run_name="nightly-eval", log_prints=True)
+def _nightly_run_name() -> str:
+    """`nightly-eval <date>`: the night it was scheduled for (UTC), else the day it started."""
+    when = flow_run.scheduled_start_time or datetime.now(UTC)
+    return f"nightly-eval {when.astimezone(UTC):%Y-%m-%d}"
+
+
+@flow(name="nightly-eval", flow_run_name=_nightly_run_name, log_prints=True)
 def nightly_eval(
     store: str | None = None,
     suites: Sequence[str] | None = None,
@@ -201,7 +209,8 @@ def nightly_eval(
             minerva_math, aime24); None (the default): each run's own recipe's, what its evaluate stage
             scores (a maths recipe's `eval.benchmarks` at the study's Mean@k, the testbed's `heldout`).
         selection: Which runs (names or globs) and which of their checkpoints (the latest, every N-th,
-            those since a date); by default every checkpoint of every run.
+            those since a date); the nightly deployment opens on each run's latest, and with every filter
+            cleared it takes every checkpoint of every run.
         max_parallel: At most this many evaluation tasks running at once over the night's arrays (sbatch
             --array=…%N), so that a night leaves GPUs to the team; None: as many as the scheduler gives.
         executor: slurm (job arrays), local (a subprocess each) or inline (the worker's process).

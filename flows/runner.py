@@ -1,6 +1,9 @@
 """A stage runner that shows each stage in Prefect: a task run per stage (inline and other in-process
 runners) or per job (`slurm.JobRunner`: one task run per submitted or re-attached job, named with its id).
 
+A cancelled flow run ends each job's task run Cancelled (naming the job) and forces its own state to
+Cancelled with the driver's line (`end_cancelled`), over Prefect's generic one.
+
 Prefect never retries a task here: a job that died without committing (node failure, out of memory, a
 requeue that never ran) is resubmitted by the JobRunner itself, which reads why it ended from SLURM's
 accounting and the store; a stage's own error ends the run. Prefect retries would re-run the whole wait
@@ -11,10 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TypeVar
+from uuid import UUID
 
-from prefect import task
+from prefect import get_client, task
 from prefect.cache_policies import NO_CACHE
-from prefect.states import Completed, State
+from prefect.client.schemas.objects import StateType
+from prefect.runtime import flow_run
+from prefect.states import Cancelled, Completed, State
 
 from probepo.execution import StageRequest, StageRunner
 from probepo.schedule import Stage
@@ -65,8 +71,11 @@ class PrefectStageRunner:
         def waiting() -> JobInfo | State:
             try:
                 return wait()
-            except DriverStopped as exc:  # the job goes on: this task run stops watching, it did not fail
+            except DriverStopped as exc:
                 stopped.append(exc)
+                if cancel_requested():  # the flow ends the job next (flows/train.py: _cancel)
+                    return Cancelled(message=f"job {job_id} cancelled with the run")
+                # the flow's process was stopped: the job goes on, this task run stops watching it
                 return Completed(message=f"stopped watching job {job_id}, which goes on")
 
         state = stage_task.with_options(task_run_name=task_name(request, job_id))(waiting, return_state=True)
@@ -80,3 +89,27 @@ def shown_in_prefect(runner: StageRunner) -> StageRunner | DriverJobRunner:
     run `driver · job <id>`."""
     shown = PrefectStageRunner(runner)  # sets a job runner's watch
     return runner if isinstance(runner, DriverJobRunner) else shown
+
+
+def cancel_requested() -> bool:
+    """Whether this flow run's SIGTERM is a cancellation (its state on the server: cancelling), not a
+    preemption of the process that runs it. Both arrive as SIGTERM on a process worker."""
+    flow_run_id = flow_run.get_id()
+    if flow_run_id is None:
+        return False
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(UUID(str(flow_run_id))).state
+    return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
+
+
+def end_cancelled(message: str) -> State:
+    """The flow run's Cancelled state with our message. The server has set its own (Cancelling, then
+    Prefect's generic line once the process ends): ours is forced over it, so the run's page says which
+    jobs ended."""
+    flow_run_id = flow_run.get_id()
+    if flow_run_id is not None:
+        with get_client(sync_client=True) as client:
+            client.set_flow_run_state(UUID(str(flow_run_id)), Cancelled(message=message), force=True)
+    # a new state object: the one sent now names the flow run, and the engine would read it as an
+    # upstream state ("1/1 states cancelled") instead of the flow's own
+    return Cancelled(message=message)

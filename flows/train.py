@@ -7,8 +7,9 @@ checks each field against the schema; the flow checks the rest before anything i
 across fields, the profile, the model's and data's files, the store (probepo.preflight) — and refuses a
 run that fails with a one-line state message and a markdown artifact, no traceback.
 
-What the UI shows per run, whatever the executor: a progress artifact (updates committed of the total) and
-a table of metrics per update, both updated as each update commits (with the resident executor the flow
+What the UI shows per run, whatever the executor (flows/artifacts.py): its progress (a percent, the
+updates committed of the total), a table of metrics per update and a chart of its curves (held-out accuracy
+and reward by update), each updated in place as each update commits (with the resident executor the flow
 reads them from the store while its one job runs), a markdown report and a table of its cost per stage at
 the end (GPU-hours from SLURM's accounting; wall time only for an inline run), and where a run that
 starts again resumes. TensorBoard events go to `<job folder>/<run id>/tensorboard`. A failing stage's
@@ -18,45 +19,28 @@ records the cancellation in the store; a later `resume` completes the run.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Any
-from uuid import UUID
 
-from prefect import flow, get_client, get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    create_table_artifact,
-    update_progress_artifact,
-)
-from prefect.client.schemas.objects import StateType
+from prefect import flow, get_run_logger
 from prefect.runtime import deployment, flow_run
-from prefect.states import Cancelled, Failed, State
+from prefect.states import Failed, State
 
-from flows.runner import shown_in_prefect
-from probepo import spend
+from flows.artifacts import Published, publish_costs, publish_report, refused, show_resume_point
+from flows.runner import cancel_requested, end_cancelled, shown_in_prefect
 from probepo.config import RunConfig
-from probepo.costs import RunCosts
 from probepo.errors import ExecutionError
-from probepo.pipeline import recorded_updates, resume_point
+from probepo.pipeline import recorded_updates
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
 from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
-from probepo.report import load_curves, markdown
-from probepo.schedule import Stage
+from probepo.stages.warmup import warmup_run_id
 from probepo.store import ArtifactStore, StoreError, open_store
 from slurm import JobRunner
 from slurm.check import launchable
-from slurm.costs import run_costs, stage_totals
 from slurm.executors import ExecutorName
 from slurm.holders import holder_ended
-
-
-def artifact_key(run_id: str, what: str) -> str:
-    """Prefect artifact keys allow lowercase letters, digits and dashes only."""
-    return re.sub(r"[^a-z0-9-]+", "-", f"{run_id}-{what}".lower()).strip("-")
 
 
 def run_id_of(given: str | None) -> str:
@@ -69,103 +53,6 @@ def run_id_of(given: str | None) -> str:
 
 def _train_run_name() -> str:
     return f"train {run_id_of(flow_run.parameters.get('run_id'))}"
-
-
-def refused(what: str, problems: list[str]) -> State:
-    """The flow run ends Failed with `problems` in its one-line message, and a markdown artifact listing
-    them; nothing was submitted."""
-    line = "; ".join(problems)
-    get_run_logger().error(f"refused: {line}")
-    listed = "\n".join(f"- {item}" for item in problems)
-    create_markdown_artifact(
-        f"# {what} refused\n\n{listed}\n\nNothing was submitted; fix these and start it again.",
-        key=artifact_key(what, "refused"),
-        description=f"{what}: why it did not start",
-    )
-    return Failed(message=f"refused: {line}")
-
-
-class Published:
-    """The run's progress artifact (committed updates of the total) and metrics table, updated as each
-    update's optimizer step commits: a ProgressFn of the driver, also fed from the store while a resident
-    job runs."""
-
-    def __init__(self, store: ArtifactStore, run_id: str, num_updates: int) -> None:
-        self.store, self.run_id, self.num_updates = store, run_id, max(num_updates, 1)
-        done = len(
-            {int(record["update"]) for record in store.read_metrics(run_id) if "optimize/loss" in record}
-        )
-        self.artifact = create_progress_artifact(
-            100.0 * done / self.num_updates,
-            key=artifact_key(run_id, "progress"),
-            description=f"run {run_id}: updates done",
-        )
-
-    def __call__(self, update: int, stage: str, summary: dict[str, Any], ran: bool) -> None:
-        if stage == Stage.OPTIMIZE and ran:
-            update_progress_artifact(self.artifact, 100.0 * (update + 1) / self.num_updates)
-            self.metrics()
-
-    def metrics(self) -> None:
-        """The metrics table of every update committed so far (the spend counters, ~40 columns, left to
-        TensorBoard and `probepo report`)."""
-        records = self.store.read_metrics(self.run_id)
-        columns = sorted(
-            {
-                key
-                for record in records
-                for key in record
-                if (key == "update" or "/" in key) and not spend.is_spend_metric(key)
-            }
-        )
-        table = [{key: record.get(key) for key in columns} for record in records]
-        create_table_artifact(
-            table, key=artifact_key(self.run_id, "metrics"), description=f"run {self.run_id}: per update"
-        )
-
-
-def show_resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
-    """When a run starts again, where it goes on: a markdown artifact (the driver logs it too)."""
-    if run_id not in store.runs():  # a first start: its recipe is frozen by the driver
-        return
-    start = resume_point(store, run_id, config)
-    if start.done:
-        return
-    inside = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
-    create_markdown_artifact(
-        f"# Run {run_id} resumed\n\nat update {start.update} of {config.num_updates}, stage"
-        f" `{start.stage}`{inside}; everything before is committed in `{store.url}` and is not run again.",
-        key=artifact_key(run_id, "resume"),
-        description=f"run {run_id}: where it resumed",
-    )
-
-
-def publish_costs(store: ArtifactStore, run_id: str) -> RunCosts:
-    """What the run cost per stage, as a table artifact: GPU-hours and CPU-hours of its SLURM jobs (every
-    run of a requeued job; slurm/costs.py) and each stage's wall time; a run without accounted jobs
-    (inline, local executor) shows its wall time only."""
-    costs = run_costs(store, run_id)
-    table = [
-        {
-            "stage": cost.stage,
-            "GPU-hours": None if costs.wall_time_only else round(cost.gpu_hours, 4),
-            "CPU-hours": None if costs.wall_time_only else round(cost.cpu_hours, 4),
-            "wall (s)": round(cost.wall_s, 1),
-        }
-        for cost in stage_totals(costs)
-    ]
-    create_table_artifact(
-        table, key=artifact_key(run_id, "costs"), description=f"run {run_id}: cost per stage"
-    )
-    return costs
-
-
-def publish_report(store: ArtifactStore, run_id: str, costs: RunCosts) -> None:
-    """The markdown report of a finished run (with its GPU-hours where `costs` accounts for its jobs), as
-    an artifact of this flow run."""
-    report = f"# Run {run_id}\n\nstore: `{store.url}`\n\n" + markdown([load_curves(store, run_id, costs)])
-    report += f"\n\nPlots: `probepo report {run_id} --store {store.url}`.\n"
-    create_markdown_artifact(report, key=artifact_key(run_id, "report"), description=f"run {run_id}: report")
 
 
 def worker_lacks(config: RunConfig | dict[str, Any]) -> list[str]:
@@ -219,7 +106,7 @@ def _drive(
     except Preempted:
         if not cancel_requested():
             raise  # preempted: the flow run crashes, `resume` goes on from the store
-        return _cancel(store, run_id, runner)
+        return _cancel(store, run_id, config, runner)
     except (ConfigError, StoreError) as exc:  # the run's own state: a recipe mismatch, a lease held
         return refused(f"run {run_id}", str(exc).splitlines())
     except ExecutionError as exc:  # a stage failed in its job: its error and the end of its log
@@ -230,28 +117,24 @@ def _drive(
     return metrics
 
 
-def _cancel(store: ArtifactStore, run_id: str, runner: Any) -> State:
-    """Record the cancellation, end the run's jobs, and end the flow run Cancelled, saying which jobs."""
-    # the record first: a resume ends any job this process dies before ending (JobRunner._in_flight)
-    jobs = runner.open_jobs(store, run_id) if isinstance(runner, JobRunner) else []
-    ids = [str(job["job_id"]) for job in jobs]
-    store.record_cancellation(run_id, {"by": f"Prefect flow run {flow_run.get_id()}", "jobs": ids})
+def _cancel(store: ArtifactStore, run_id: str, config: RunConfig, runner: Any) -> State:
+    """Record the cancellation, end the run's jobs (its warm-up's too, where this run was making it), and
+    end the flow run Cancelled with a message saying which jobs."""
+    runs = [run_id]
+    if config.model.kind != "hf" and warmup_run_id(config) in store.runs():
+        runs.append(warmup_run_id(config))
+    # the records first: a resume ends any job this process dies before ending (JobRunner._in_flight), and
+    # a job that sees its run cancelled does not requeue itself
+    jobs = {run: runner.open_jobs(store, run) if isinstance(runner, JobRunner) else [] for run in runs}
+    ids = [str(job["job_id"]) for listed in jobs.values() for job in listed]
+    for run in runs:
+        store.record_cancellation(run, {"by": f"Prefect flow run {flow_run.get_id()}", "jobs": ids})
     if isinstance(runner, JobRunner):
-        runner.cancel_jobs(store, run_id, jobs)
+        for run, listed in jobs.items():
+            runner.cancel_jobs(store, run, listed)
     message = f"run {run_id} cancelled; jobs ended: {', '.join(ids) or 'none'}"
     get_run_logger().info(message)
-    return Cancelled(message=message)
-
-
-def cancel_requested() -> bool:
-    """Whether this flow run's SIGTERM is a cancellation (its state on the server: cancelling), not a
-    preemption of the process that runs it. Both arrive as SIGTERM on a process worker."""
-    flow_run_id = flow_run.get_id()
-    if flow_run_id is None:
-        return False
-    with get_client(sync_client=True) as client:
-        state = client.read_flow_run(UUID(str(flow_run_id))).state
-    return state is not None and state.type in (StateType.CANCELLING, StateType.CANCELLED)
+    return end_cancelled(message)
 
 
 @flow(name="train", flow_run_name=_train_run_name, log_prints=True, validate_parameters=False)

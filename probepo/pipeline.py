@@ -126,17 +126,37 @@ def train(
     if isinstance(runner, DriverRunner):
         _drive_in_a_job(config, run_id, store, runner, tell, progress, retention)
         return store.read_metrics(run_id)
+    flag = StopFlag()
+    with flag.installed():  # a stop during the warm-up, too, ends this driver at a safe point
+        return _train(config, run_id, store, runner, flag, tell, progress, tensorboard_dir, take_over,
+                      holder_ended, retention)  # fmt: skip
+
+
+def _train(
+    config: RunConfig,
+    run_id: str,
+    store: ArtifactStore,
+    runner: StageRunner,
+    flag: StopFlag,
+    tell: SayFn,
+    progress: ProgressFn | None,
+    tensorboard_dir: Path | None,
+    take_over: bool,
+    holder_ended: HolderEnded | None,
+    retention: Retention | None,
+) -> list[dict[str, Any]]:
+    """`train` from the warm-up on, in this process, under the stop flag `flag`."""
     # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
     origin = (
         f"pretrained {config.model.pretrained}"
         if config.model.kind == "hf"
         else "warm-up "
-        + ensure_warmup(config, store, progress, say=tell, runner=runner, holder_ended=holder_ended)
+        + ensure_warmup(
+            config, store, progress, say=tell, runner=runner, holder_ended=holder_ended, should_stop=flag
+        )
     )
     tell(f"store: {store.url}")
-    flag = StopFlag()
     with (
-        flag.installed(),
         LeaseKeeper(take_lease(store, run_id, force=take_over, holder_ended=holder_ended)) as lease,
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
         _Metrics(store, run_id, tensorboard_dir) as metrics,
@@ -419,9 +439,11 @@ def ensure_warmup(
     say: SayFn | None = None,
     runner: StageRunner | None = None,
     holder_ended: HolderEnded | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> str:
     """Have `runner` (default: inline) run the warm-up unless its checkpoint is already committed; returns
-    the warm-up run's id. Its lease is taken as `train` takes a run's (`holder_ended`: see there)."""
+    the warm-up run's id. Its lease is taken as `train` takes a run's (`holder_ended`: see there);
+    `should_stop` (the driver's stop flag) ends the wait for its job (raising Preempted; the job goes on)."""
     run_id = warmup.warmup_run_id(config)
     tell = say or (lambda line: None)
     if store.committed(run_id, 0, warmup.STAGE):
@@ -438,7 +460,7 @@ def ensure_warmup(
         LeaseKeeper(take_lease(store, run_id, holder_ended=holder_ended)),
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
     ):
-        ctx = StageContext(store, run_id, 0, config, Path(scratch))
+        ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop or (lambda: False))
         summary = drive_stage(ctx, warmup.STAGE, runner or InlineRunner(), progress)
     tell(
         f"warm-up: {run_id} ready (accuracy {100 * summary['accuracy']:.1f}% after {summary['steps']} steps)"

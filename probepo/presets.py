@@ -173,10 +173,16 @@ def preset_fields(path: str | PathLike[str]) -> dict[str, Any]:
 
 
 def load_profile(path: str | PathLike[str] | None) -> ExecutionProfile:
-    """An ExecutionProfile from YAML (None: the defaults). Raises ConfigError naming file and field."""
+    """An ExecutionProfile from YAML (None: the defaults), a relative `job_folder` taken from the file's own
+    folder (not from wherever the reader runs: a worker's checkout, a login shell). Raises ConfigError
+    naming file and field."""
     if path is None:
         return ExecutionProfile()
     try:
-        return ExecutionProfile.model_validate(_read_yaml(path, "execution profile"))
+        profile = ExecutionProfile.model_validate(_read_yaml(path, "execution profile"))
     except ValidationError as exc:
         raise explain(exc, str(path), root=ExecutionProfile) from None
+    folder = Path(profile.job_folder).expanduser()
+    if folder.is_absolute():
+        return profile
+    return profile.model_copy(update={"job_folder": str((Path(path).resolve().parent / folder).resolve())})

@@ -13,3 +13,5 @@ GENERATED=$(mktemp --suffix=.yaml)
 trap 'rm -f "$GENERATED"' EXIT
 "${PYTHON:-.venv/bin/python}" -m flows.deployments "$@" >"$GENERATED"
 PROBEPO_ROOT=${PROBEPO_ROOT:-$ROOT} "${PREFECT:-.venv/bin/prefect}" deploy --all --no-prompt --prefect-file "$GENERATED"
+# prefect deploy gives every train deployment the flow's full form: fit each to its recipe (flows/forms.py)
+"${PYTHON:-.venv/bin/python}" -m flows.deployments --fit-forms "$@"

@@ -197,7 +197,8 @@ class ExecutionProfile(Strict):
     resources are its entry in `stages` over `defaults`, built afresh for every submission."""
 
     job_folder: str = "out/jobs"
-    """submitit's folder (job scripts, pickled submissions, logs), one subfolder per run. On a cluster it
+    """submitit's folder (job scripts, pickled submissions, logs, TensorBoard events), one subfolder per
+    run; relative: to the profile file's folder (without a profile, to the current one). On a cluster it
     must be shared by the submitting node and the compute nodes (not /tmp)."""
 
     python: str | None = None

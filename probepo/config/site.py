@@ -28,6 +28,10 @@ class SiteConfig(Strict):
     """The execution profile (YAML) of the SLURM jobs: partitions, GPUs, job folder. Needed by slurm and
     resident."""
 
+    profiles: tuple[str, ...] = ()
+    """Other execution profiles (YAML) the train forms offer beside `profile`, e.g. one per partition or
+    node type; the forms offer these first (another path is still taken)."""
+
     recipes: tuple[str, ...] = ()
     """Folders of the team's own recipe presets (`*.yaml`): each gets a train deployment beside those of
     configs/, named after its file (a name both places use is refused)."""

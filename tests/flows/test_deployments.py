@@ -133,7 +133,13 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     ended = f"run cancelled cancelled; jobs ended: {', '.join(cancellation['jobs'])}"
     logs = _flow_run_logs(created.id, until=lambda records: any(ended in r.message for r in records))
     assert any(ended in record.message for record in logs), [record.message for record in logs]
-    assert not [r for r in logs if r.level >= logging.ERROR or "Traceback" in r.message], logs
+    # Prefect logs a task run that ends Cancelled (the stage's job, cancelled with the run) at ERROR
+    errors = [
+        r
+        for r in logs
+        if r.level >= logging.ERROR and not r.message.startswith("Finished in state Cancelled")
+    ]
+    assert not errors and not [r for r in logs if "Traceback" in r.message], logs
     # the driver may have submitted the next stage's job before the cancellation reached it: ended too
     recorded = {str(job["job_id"]) for job in _jobs("cancelled", warm_store)}
     assert set(cancellation["jobs"]) <= recorded and not recorded & _in_squeue()
@@ -154,6 +160,57 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     assert "resumed" in shown.data and "at update 0 of 1" in shown.data
     final = warm_store.read_stage("cancelled", 1, "checkpoint")
     assert {name: final[name] for name in FILES} == drill_baseline
+
+
+def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cancelled(
+    deployments, warm_store, profile_path
+):
+    """A recipe whose warm-up is not made yet: cancelled while the warm-up's job runs, that job is ended
+    (sacct: CANCELLED), the cancellation is recorded in the run and in the warm-up's, every task run ends
+    Cancelled with its job's id, and the flow run's state message is ours."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+    from prefect.states import Cancelling
+
+    from probepo.stages.warmup import warmup_run_id
+    from tests.slurm.conftest import drill_config
+
+    base = drill_config(store=warm_store.url)
+    # a warm-up of its own that runs long (a target it will not reach soon): the cancel finds its job running
+    slow = {"seed": 4242, "accuracy_low": 0.98, "accuracy_high": 0.99, "max_steps": 4000}
+    config = drill_config(store=warm_store.url, warmup={**base.warmup.model_dump(), **slow})
+    warming = warmup_run_id(config)
+    parameters = {"config": config.model_dump(mode="json"), "run_id": "cancelled-warm-up",
+                  "executor": "slurm", "profile": str(profile_path)}  # fmt: skip
+    with get_client(sync_client=True) as client:
+        created = client.create_flow_run_from_deployment(
+            deployments["train/ui-testbed"].id, parameters=parameters
+        )
+        [job] = _wait_until(lambda: [j for j in _jobs(warming, warm_store) if j["state"] == "RUNNING"])
+        client.set_flow_run_state(created.id, Cancelling(), force=True)  # what the UI's Cancel does
+    run = _wait_for_end(created.id, timeout_s=120)
+    assert run.state.is_cancelled(), run.state
+    job_id = str(job["job_id"])
+    assert run.state.message == f"run cancelled-warm-up cancelled; jobs ended: {job_id}", run.state.message
+    ended = _wait_until(
+        lambda: _sacct_state(job_id) not in ("", "RUNNING", "PENDING") and _sacct_state(job_id)
+    )
+    assert ended.startswith("CANCELLED"), ended
+    assert [c["jobs"] for c in warm_store.cancellations(warming)] == [[job_id]]
+    assert [c["jobs"] for c in warm_store.cancellations("cancelled-warm-up")] == [[job_id]]
+    assert not warm_store.committed(warming, 0, "warmup")
+    with get_client(sync_client=True) as client:
+        tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[created.id])))
+    assert [(t.name, t.state.type.value) for t in tasks] == [
+        (f"warmup · update 0 · job {job_id}", "CANCELLED")
+    ]
+    assert tasks[0].state.message == f"job {job_id} cancelled with the run"
+
+
+def _sacct_state(job_id: str) -> str:
+    listed = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
+                            text=True, timeout=30)  # fmt: skip
+    return listed.stdout.strip().splitlines()[-1] if listed.stdout.strip() else ""
 
 
 def _flow_run_logs(flow_run_id, until=lambda records: True, timeout_s: float = 30) -> list:

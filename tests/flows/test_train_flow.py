@@ -70,6 +70,13 @@ def test_the_train_flow_names_every_stage_publishes_artifacts_and_matches_the_dr
     assert set(by_type) >= {"progress", "table", "markdown"}
     assert by_type["progress"].data == 100.0 and "Run flow-train" in by_type["markdown"].data
     assert by_type["progress"].key == "flow-train-progress"
+    assert "2 of 2 updates done" in by_type["progress"].description
+    # one metrics table and one chart for the flow run, kept current in place over its 2 updates
+    [metrics] = [artifact for artifact in artifacts if artifact.key == "flow-train-metrics"]
+    table = json.loads(metrics.data) if isinstance(metrics.data, str) else metrics.data
+    assert [row["update"] for row in table] == [0, 1, 2] and next(iter(table[0])) == "update"
+    [curves] = [artifact for artifact in artifacts if artifact.key == "flow-train-curves"]
+    assert "2 of 2 updates done" in curves.data and "held-out accuracy" in curves.data
     [costs] = [artifact for artifact in artifacts if artifact.key == "flow-train-costs"]
     rows = json.loads(costs.data) if isinstance(costs.data, str) else costs.data
     assert rows[-1]["stage"] == "run" and rows[-1]["GPU-hours"] is None  # inline: wall time only

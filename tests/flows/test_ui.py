@@ -108,6 +108,8 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     deployments, warm_store, browser
 ):
     """The testbed preset, 2 updates instead of 1, on the site's SLURM executor: two fields changed."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from selenium.webdriver.common.by import By
 
     ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
@@ -130,9 +132,15 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     browser.get(f"{ui}/runs/flow-run/{flow_run_id}")
     tab = "li.p-tab#artifacts"
     _until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, tab), "the run's Artifacts tab")[0].click()
-    keys = (f"{run_id}-progress", f"{run_id}-metrics", f"{run_id}-report")
-    _until(browser, lambda: all(key in _body(browser) for key in keys), "the run's three artifacts")
+    keys = (f"{run_id}-progress", f"{run_id}-metrics", f"{run_id}-curves", f"{run_id}-report")
+    _until(browser, lambda: all(key in _body(browser) for key in keys), "the run's four artifacts")
+    _until(browser, lambda: "2 of 2 updates done" in _body(browser), "the progress as updates done")
     browser.save_screenshot(str(SHOTS / "train-run-artifacts.png"))
+    with get_client(sync_client=True) as client:  # one metrics table for the run, kept current in place
+        versions = client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{run_id}-metrics"]))
+        )
+    assert len(versions) == 1, [version.id for version in versions]
 
     recipe = deployments["train/deepseekmath-7b-sft"]  # the study's recipe: its form shows its values
     browser.get(f"{ui}/deployments/deployment/{recipe.id}/run")
@@ -140,6 +148,9 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     values = {label: _field(browser, f"{label} (Optional)", "input").get_attribute("value")
               for label in ("Num Updates", "Margin", "Prompts Per Update")}  # fmt: skip
     assert values == {"Num Updates": "1000", "Margin": "8", "Prompts Per Update": "64"}
+    shown = _body(browser)  # its own model's fields only, no warm-up, on the executor it needs
+    assert "Pretrained (Optional)" in shown and "resident" in shown
+    assert not [label for label in ("D Model", "Vocab Size", "Modulus", "Accuracy Low") if label in shown]
     browser.save_screenshot(str(SHOTS / "train-run-form-7b.png"))
 
 

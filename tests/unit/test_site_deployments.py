@@ -51,9 +51,12 @@ def test_without_a_site_the_deployments_keep_their_defaults(monkeypatch):
     monkeypatch.setattr("flows.deployments.SITE_FILE", Path("/nonexistent/site.yaml"))
     site, folder = load_site(None)
     made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
-    assert made["cpu-demo"]["parameters"]["config"] == RunConfig().model_dump(mode="json")
+    assert RunConfig.model_validate(made["cpu-demo"]["parameters"]["config"]) == RunConfig()
     nightly = {"executor": "inline", "profile": None, "selection": {"latest": True}, "max_parallel": 8}
     assert made["nightly-eval"]["parameters"] == nightly  # no store: it refuses to start
+    # the study recipes checkpoint in full every 9-10 updates: they open on what that needs
+    assert made["deepseekmath-7b-sft"]["parameters"]["executor"] == "resident"
+    assert made["cpu-demo"]["parameters"]["executor"] == "inline"
 
 
 @pytest.mark.parametrize(

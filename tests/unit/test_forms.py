@@ -1,0 +1,51 @@
+"""A train deployment's run form fitted to its recipe (flows/forms.py): the study's 7B recipe shows no
+testbed field and no warm-up, the testbed no Hugging Face field; executor, profile and run id come first
+and the store first in the recipe; the profile is a choice of the site's; and the deployment's own
+parameters validate against its fitted form as the server checks them (enforce_parameter_schema)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from prefect.utilities.callables import parameter_schema
+from prefect.utilities.schema_tools import validate
+
+from flows.forms import fitted_schema, recipe_parameters
+from flows.train import train
+from probepo.config import RunConfig
+from probepo.presets import load_run_config
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+SCHEMA = parameter_schema(train.fn).model_dump()
+PROFILES = ["/shared/probepo/h200-node.yaml", "/shared/probepo/h200-two-nodes.yaml"]
+
+
+def _shown(schema: dict, definition: str) -> list[str]:
+    return list(schema["definitions"][definition]["properties"])
+
+
+def test_the_7b_recipes_form_has_no_testbed_field_and_the_site_first():
+    recipe = load_run_config(CONFIGS / "deepseekmath-7b-sft.yaml")
+    form = fitted_schema(SCHEMA, recipe, PROFILES)
+    order = sorted(form["properties"], key=lambda name: form["properties"][name]["position"])
+    assert order == ["executor", "profile", "run_id", "config"]
+    assert _shown(form, "RunConfig")[0] == "store" and "warmup" not in _shown(form, "RunConfig")
+    model = _shown(form, "ModelConfig")
+    assert "pretrained" in model and not {"d_model", "vocab_size", "n_layers"} & set(model)
+    assert not {"modulus", "steps", "hops"} & set(_shown(form, "TaskConfig"))
+    assert "d_model" not in form["definitions"]["RunConfig"]["properties"]["model"]["default"]
+    assert form["properties"]["profile"]["anyOf"][0]["enum"] == PROFILES
+    parameters = {"config": recipe_parameters(recipe), "executor": "resident", "profile": PROFILES[0]}
+    assert validate(parameters, form, raise_on_error=False) == []
+    assert RunConfig.model_validate(parameters["config"]) == recipe  # what is left out takes its default
+    assert validate({**parameters, "profile": "/elsewhere.yaml"}, form) == []  # another path still taken
+    whole = {**parameters, "config": recipe.model_dump(mode="json")}  # a recipe given whole, via the API
+    assert validate(whole, form) == []
+
+
+def test_the_testbeds_form_keeps_its_model_and_warm_up_and_takes_any_profile_without_a_site():
+    form = fitted_schema(SCHEMA, RunConfig(), [])
+    assert "warmup" in _shown(form, "RunConfig") and "d_model" in _shown(form, "ModelConfig")
+    assert "pretrained" not in _shown(form, "ModelConfig") and "eval_set" not in _shown(form, "TaskConfig")
+    assert form["properties"]["profile"] == SCHEMA["properties"]["profile"] | {"position": 1}
+    assert validate({"config": recipe_parameters(RunConfig())}, form) == []
