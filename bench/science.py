@@ -56,6 +56,14 @@ Added in issue 27, before its runs: RLOO, 10 seeds (0-9) each on `modchain` and 
 and ProbePO's seeds, rerun beside them on the chunk-seeded engine (science_plan.ENGINE; every arm is labelled
 with the engine that measured it, and the arms of the earlier engine are withheld until rerun); reported
 whatever it says.
+
+Added in issue 48, before its runs: every arm of PLAN rerun on the chunk-seeded engine, each testbed's arms
+in one run of this bench on one kind of CPU (each arm records the machine that measured it), so that all
+six methods pair again: GRPO (4× the updates), ProbePO, RLOO, VinePPO-dense, SPO-tree and TreePO, 10
+paired seeds (0-9) each on `modchain` and `pointer`, GRPO with G = 32 on `modchain`, and the 30-seed
+replication (seeds 10-39, its statement above unchanged). VinePPO-dense and G = 32 had 5 seeds and get 10
+now (seeds 0-9, the same arms otherwise). Settings as before: nothing tuned toward any result; the
+comparisons are those stated above, each reported whatever it says.
 """
 
 from __future__ import annotations

@@ -143,6 +143,12 @@ def _notes(entry: dict[str, Any]) -> list[str]:
             if len(engines) == 1
             else f"**Arms of different engines in one table: {', '.join(engines)}** (not comparable)."
         )
+    machines = sorted({arm.get("machine", "") for arm in entry["arms"].values()})
+    if len(machines) == 1 and machines[0]:
+        lines.append(f"Measured on one machine: {machines[0]}.")
+    elif len(machines) > 1:
+        named = [f"{name}: {arm.get('machine') or 'not recorded'}" for name, arm in entry["arms"].items()]
+        lines.append(f"Machines of this table's arms: {'; '.join(named)} (pairs need one kind of CPU).")
     if entry.get("withheld"):
         arms = ", ".join(
             f"{name} (measured {arm['measured'][:10]}, engine {arm['engine']})"

@@ -67,12 +67,12 @@ GRPO = {"algo.algorithm": "grpo"}
 GRPO_EQUAL_TOKENS = Arm("grpo", GRPO, 10, "GRPO (run to 4× the updates, see above)", GRPO_HORIZON, cost=3.0)
 PROBEPO = Arm("probepo", {}, 10, "ProbePO, defaults (5 pivots × 8 continuations, κ 4, λ 1)")
 VINEPPO = Arm(
-    "vineppo", {"algo.algorithm": "vineppo"}, 5, "every step boundary × 8, MC values, no GRPO", cost=4.0
+    "vineppo", {"algo.algorithm": "vineppo"}, 10, "every step boundary × 8, MC values, no GRPO", cost=4.0
 )
 GRPO_G32 = Arm(
     "grpo_g32",
     {**GRPO, "group_size": 32, "optim.minibatch_size": 256},
-    5,
+    10,
     "GRPO with 4× the responses per prompt (≈ ProbePO's tokens), same updates and optimizer steps",
     label="GRPO with G = 32",
 )

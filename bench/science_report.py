@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from benchlib import machine
 from science_plan import (
     EARLIER_ENGINE,
     ENGINE,
@@ -106,6 +107,10 @@ class ArmResult:
     """Seeds whose rerun in this store changed the committed curve (an arm measured anew)."""
     engine: str = ENGINE
     """The engine that measured the curves (science_plan.ENGINE for this store's runs)."""
+    machine: str = ""
+    """The machine that measured the curves (benchlib.machine(); empty for entries written before it was
+    recorded): arms pair only when one kind of CPU measured them, since its kernels' rounding moves the
+    shared warm-up checkpoint and so every run."""
 
 
 def diagnostics(store: ArtifactStore, run: str, updates: int) -> dict[str, float]:
@@ -245,6 +250,7 @@ def collect(
                         reproduced,
                         differs,
                         engine=before.get("engine", EARLIER_ENGINE) if same else ENGINE,
+                        machine=before.get("machine", "") if same else machine(),
                     )
                     results.setdefault(testbed.name, {})[arm.name] = result
                     changed |= bool(differs) and not before.get("withheld")
@@ -263,6 +269,7 @@ def collect(
                 True,
                 reproduced,
                 engine=before.get("engine", EARLIER_ENGINE),
+                machine=before.get("machine", ""),
             )
             to_carry.append((carried, before))
         from_store = list(results.get(testbed.name, {}).values())
@@ -331,6 +338,7 @@ def analyse(
                 "first_seed": result.arm.first_seed,
                 "measured": result.measured,
                 "engine": result.engine,
+                "machine": result.machine,
                 "carried": result.carried,
                 "reproduced": result.reproduced,
                 "differs_from_committed": result.differs,
