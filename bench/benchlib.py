@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import os
 import platform
+import statistics
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -22,3 +25,15 @@ def machine() -> str:
     except ImportError:
         return described
     return f"{described}, torch {torch.__version__} ({torch.backends.cpu.get_cpu_capability()} kernels)"
+
+
+def seconds_of(run: Callable[[], object]) -> float:
+    """The wall seconds of one call of `run`."""
+    started = time.perf_counter()
+    run()
+    return time.perf_counter() - started
+
+
+def median_seconds(run: Callable[[], object], repeats: int) -> float:
+    """The median of `repeats` timed calls of `run`."""
+    return statistics.median(seconds_of(run) for _ in range(repeats))

@@ -21,13 +21,12 @@ import json
 import statistics
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from benchlib import machine
+from benchlib import machine, seconds_of
 from checkpoint import QWEN_100M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,15 +36,6 @@ from tests.hf.tiny_qwen import qwen_tokenizer  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "handoff.json"
 REPEATS = 5
-
-
-def median_seconds(run: Callable[[], object], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -88,7 +78,7 @@ def main() -> None:
         seconds: dict[str, list[float]] = {name: [] for name in ways}
         for _ in range(REPEATS):
             for name, run in ways.items():
-                seconds[name].append(median_seconds(run, 1))
+                seconds[name].append(seconds_of(run))  # alternated: a slow spell hits every way
         engine.close()
     medians = {name: statistics.median(values) for name, values in seconds.items()}
     memcpy = medians["host_memcpy"]

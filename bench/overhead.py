@@ -39,7 +39,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine
+from benchlib import machine, median_seconds
 from checkpoint import QWEN_100M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,12 +146,7 @@ def host_memcpy_seconds(nbytes: int, repeats: int = 5) -> float:
 
     source = torch.ones(nbytes // 4, dtype=torch.float32)
     target = torch.zeros_like(source)
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        target.copy_(source)
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return median_seconds(lambda: target.copy_(source), repeats)
 
 
 def handoff_against_memcpy(plain: dict[str, Any]) -> dict[str, Any]:

@@ -18,13 +18,11 @@ import argparse
 import datetime
 import itertools
 import json
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
-from benchlib import machine
+from benchlib import machine, median_seconds
 
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
 from probepo.config import ModelConfig, OptimConfig
@@ -40,15 +38,10 @@ RESULTS = Path(__file__).parent / "results" / "sampler.json"
 PROMPTS, SAMPLES, PIVOTS, CONTINUATIONS = 16, 8, 5, 8
 
 
-def median_seconds(fn, reps):
+def warm_median_seconds(fn, reps):
     """Median wall time of fn() over reps runs, after one untimed warm-up run."""
     fn()
-    times = []
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_seconds(fn, reps)
 
 
 def hf_generate_seconds(config: ModelConfig, prompts, new_tokens, reps):
@@ -83,7 +76,7 @@ def hf_generate_seconds(config: ModelConfig, prompts, new_tokens, reps):
             )
         assert out.shape == (len(prompts), ids.shape[1] + new_tokens)
 
-    return median_seconds(run, reps), sum(p.numel() for p in model.parameters())
+    return warm_median_seconds(run, reps), sum(p.numel() for p in model.parameters())
 
 
 def probe_requests(task, trainer, prompts, groups, max_tokens):
@@ -128,7 +121,7 @@ def main():
     # 1. throughput at fixed lengths
     fixed = SamplingParams(temperature=1.0, max_tokens=args.new_tokens)
     generated = PROMPTS * SAMPLES * args.new_tokens
-    ours_s = median_seconds(lambda: engine.generate(prompts, SAMPLES, fixed, 0), args.reps)
+    ours_s = warm_median_seconds(lambda: engine.generate(prompts, SAMPLES, fixed, 0), args.reps)
     rows = [p for p in prompts for _ in range(SAMPLES)]
     hf_s, hf_params = hf_generate_seconds(config, rows, args.new_tokens, args.reps)
 
@@ -137,13 +130,13 @@ def main():
         temperature=1.0, max_tokens=args.new_tokens, stop_token_ids=(task.tokenizer.eos_id,)
     )
     groups = engine.generate(prompts, SAMPLES, params, seed=1)
-    backbone_s = median_seconds(lambda: engine.generate(prompts, SAMPLES, params, 1), args.reps)
+    backbone_s = warm_median_seconds(lambda: engine.generate(prompts, SAMPLES, params, 1), args.reps)
     backbone_tokens = sum(len(c.ids) for g in groups for c in g)
     trainer = TorchTrainerEngine(model, OptimConfig(), response_budget=args.new_tokens, temperature=1.0)
     prefixes, limits = probe_requests(task, trainer, prompts, groups, args.new_tokens)
     rescue = {"rescue_ids": task.tokenizer.encode(task.rescue_suffix), "rescue_tokens": args.rescue_tokens}
     probes = engine.continue_from(prefixes, CONTINUATIONS, params, 2, limits, **rescue)
-    probe_s = median_seconds(
+    probe_s = warm_median_seconds(
         lambda: engine.continue_from(prefixes, CONTINUATIONS, params, 2, limits, **rescue), args.reps
     )
     probe_tokens = sum(len(c.ids) for g in probes for c in g)

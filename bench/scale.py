@@ -84,6 +84,7 @@ def killed_and_resumed(config: RunConfig, run_id: str, folder: Path) -> dict[str
     preset = folder / f"{run_id}.yaml"
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", run_id, "--quiet"]
+    command += ["--executor", "inline"]  # this process's executor, whatever this machine has
     env = {**os.environ, CRASH_ENV: KILL_AT, "PYTHONPATH": str(ROOT)}
     code = subprocess.run(command, env=env, capture_output=True, timeout=3600).returncode
     assert code == -9, f"the run was to be killed at {KILL_AT}, it exited {code}"

@@ -24,7 +24,7 @@ from probepo.config import RunConfig
 from probepo.costs import RunCosts
 from probepo.pipeline import resume_point
 from probepo.report import load_curves, markdown
-from probepo.report_live import curves_markdown, metric_columns
+from probepo.report_live import curves_markdown, metric_columns, rows_by_update, updates_done
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore
 from slurm.costs import run_costs, stage_totals
@@ -50,62 +50,69 @@ def refused(what: str, problems: list[str]) -> State:
 
 
 class Published:
-    """What a run's page shows while it trains, updated as each update's optimizer step commits (a
-    ProgressFn of the driver, also fed from the store while a resident job runs): its progress (a percent
-    to one decimal, the updates done of the total in its description), its metrics table (`update` first,
-    the columns grouped by stage) and its curves (a markdown chart of held-out accuracy and reward by
-    update). Each is one artifact per flow run, updated in place, not a new version per update: a run's key
-    gains one version per flow run that drives it (its start and each resume)."""
+    """What a run's page shows while it trains: its progress (a percent to one decimal, which its card's
+    description repeats with the updates done of the total), its metrics table (one row per update,
+    `update` first, the columns grouped by stage) and its curves (a markdown chart of held-out accuracy and
+    reward by update). A ProgressFn of the driver (also fed from the store while a resident job runs): each
+    stage's summary joins its update's row as it commits, and the three are updated in place when an
+    update's optimizer step commits, so the table holds that update already. Each is one artifact per flow
+    run, not a new version per update: a run's key gains one version per flow run that drives it (its start
+    and each resume)."""
 
     def __init__(self, store: ArtifactStore, run_id: str, num_updates: int) -> None:
         self.store, self.run_id, self.num_updates = store, run_id, max(num_updates, 1)
-        records = self._records()
-        done = len({int(record["update"]) for record in records if "optimize/loss" in record})
-        progress, said = self._progress(done)
+        self.rows = rows_by_update(store.read_metrics(run_id))
+        percent, said = self._progress()
         self.progress = create_progress_artifact(
-            progress, key=artifact_key(run_id, "progress"), description=said
+            percent, key=artifact_key(run_id, "progress"), description=said
         )
         self.table = create_table_artifact(
-            self._table(records), key=artifact_key(run_id, "metrics"), description=f"run {run_id}: per update"
+            self._table(), key=artifact_key(run_id, "metrics"), description=f"run {run_id}: per update"
         )
         self.curves = create_markdown_artifact(
-            curves_markdown(run_id, records, self.num_updates),
+            self._curves(),
             key=artifact_key(run_id, "curves"),
             description=f"run {run_id}: accuracy and reward by update",
         )
 
     def __call__(self, update: int, stage: str, summary: dict[str, Any], ran: bool) -> None:
+        if stage == Stage.WARMUP:  # a run of its own (shared by others), with its own metrics
+            return
+        row = self.rows.setdefault(update, {"update": update})
+        row.update({f"{stage}/{name}": value for name, value in summary.items()})
         if stage == Stage.OPTIMIZE and ran:
-            progress, said = self._progress(update + 1)
-            update_progress_artifact(self.progress, progress, description=said)
-            self.metrics()
+            self._publish()
 
     def metrics(self) -> None:
-        """The metrics table and the curves of every update committed so far, in place."""
-        records = self._records()
+        """Progress, table and curves of every update the store holds (at the end: the final evaluation
+        too), in place."""
+        self.rows = rows_by_update(self.store.read_metrics(self.run_id))
+        self._publish()
+
+    def _publish(self) -> None:
+        percent, said = self._progress()
+        update_progress_artifact(self.progress, percent, description=said)
         with get_client(sync_client=True) as client:
-            client.update_artifact(
-                self.table, ArtifactUpdate(data=json.dumps(_sanitized(self._table(records))))
-            )
-            client.update_artifact(
-                self.curves, ArtifactUpdate(data=curves_markdown(self.run_id, records, self.num_updates))
-            )
+            client.update_artifact(self.table, ArtifactUpdate(data=json.dumps(_sanitized(self._table()))))
+            client.update_artifact(self.curves, ArtifactUpdate(data=self._curves()))
 
-    def _records(self) -> list[dict[str, Any]]:
-        return self.store.read_metrics(self.run_id)
+    def _progress(self) -> tuple[float, str]:
+        """The percent of updates done, to one decimal, and the card's line, which says it too (the UI's own
+        rendering of a progress artifact shows only its whole part)."""
+        done = updates_done(self.rows.values())
+        percent = round(100.0 * done / self.num_updates, 1)
+        return percent, f"run {self.run_id}: {percent:.1f}% ({done} of {self.num_updates} updates done)"
 
-    def _progress(self, done: int) -> tuple[float, str]:
-        return round(
-            100.0 * done / self.num_updates, 1
-        ), f"run {self.run_id}: {done} of {self.num_updates} updates done"
+    def _curves(self) -> str:
+        return curves_markdown(self.run_id, list(self.rows.values()), self.num_updates)
 
-    @staticmethod
-    def _table(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def _table(self) -> list[dict[str, Any]]:
         """Every update's metrics (the spend counters, ~40 columns, left to TensorBoard and `probepo
         report`), `update` first, grouped by stage."""
-        keys = {key for record in records for key in record if "/" in key and not spend.is_spend_metric(key)}
+        rows = self.rows.values()
+        keys = {key for row in rows for key in row if "/" in key and not spend.is_spend_metric(key)}
         columns = metric_columns(keys)
-        return [{key: record.get(key) for key in columns} for record in records]
+        return [{key: row.get(key) for key in columns} for row in rows]
 
 
 def _sanitized(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

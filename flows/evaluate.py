@@ -6,19 +6,21 @@ evaluate stage made already is taken from it, in the flow's process. Neither tak
 read checkpoints, and download weights without the optimizer state.
 
 A task makes its samples shard by shard (the recipe's engine calls), keeping each beside the run; preempted
-or warned of its time limit, it stops at the next shard and requeues itself, and whichever run of it comes
-next, that night or the next, makes only the missing shards: the same numbers as an uninterrupted task.
+or warned of its time limit, it abandons the shard in flight at once and requeues itself (slurm/job.py:
+AbandoningStop), and whichever run of it comes next, that night or the next, makes only the missing
+shards: the same numbers as an uninterrupted task.
 
 What the UI shows: a task run per job array (`evaluate · array <id> · <n> tasks`; inline, one per pair), a
 table artifact saying of each pair whether it is complete, resumed (completed from an earlier task's
-shards) or pending (the shards kept so far), with its GPU-hours, and the flow run fails (after committing
-every result that came) when a pair could not be evaluated, naming it and its job; the next night goes on
-with exactly those.
+shards) or pending (the shards kept so far), with the GPU-hours of every job that worked on it (earlier
+nights' too), an `avg6` row for each checkpoint with all six benchmarks, and the flow run fails (after
+committing every result that came) when a pair could not be evaluated, naming it and its job; the next
+night goes on with exactly those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
@@ -30,7 +32,7 @@ from pydantic import Field
 
 from flows.artifacts import artifact_key, refused
 from flows.runner import stage_task
-from probepo.config import CheckpointSelection
+from probepo.config import CheckpointSelection, ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.evaluations import (
     EvaluationRequest,
@@ -41,7 +43,8 @@ from probepo.evaluations import (
 )
 from probepo.presets import ConfigError, load_profile
 from probepo.store import ArtifactStore, open_store
-from slurm.arrays import ItemOutcome, run_array
+from slurm.accounting import JobCost
+from slurm.arrays import ItemOutcome, job_costs, run_array
 from slurm.executors import ArrayExecutorName, executor_for
 
 
@@ -80,30 +83,22 @@ def _evaluate(
         )
     except ExecutionError as exc:
         raise ValueError(str(exc)) from None
-    rows, failed, stores = [], [], {}
-    for request, outcome in zip(reused + to_run, outcomes, strict=True):
-        if request.store_url not in stores:
-            stores[request.store_url] = open_store(request.store_url)
-        rows.append(evaluation_row(request, outcome, stores[request.store_url]))
-        if outcome.error is not None:
-            failed.append(f"{request.describe()} (job {outcome.job_id}): {outcome.error}")
-    costs = [outcome.cost for outcome in outcomes if outcome.cost is not None]
-    spent = (
-        f"{sum(cost.gpu_hours for cost in costs):.3f} GPU-hours, {sum(cost.cpu_hours for cost in costs):.3f}"
-        f" CPU-hours over {len(costs)} jobs (accounting)"
-        if costs
-        else "no accounted jobs (inline or local: no GPU-hours)"
-    )
-    rows += avg6_rows(reused + to_run, stores)
+    stores = {url: open_store(url) for url in dict.fromkeys(request.store_url for request in requests)}
+    pairs = list(zip(reused + to_run, outcomes, strict=True))
+    rows = [evaluation_row(request, outcome, stores[request.store_url]) for request, outcome in pairs]
+    spent = _count_gpu_hours(rows, outcomes, executor, execution)
     if rows:
+        table = rows + avg6_rows(reused + to_run, stores)
         create_table_artifact(
-            rows, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations; {spent}"
+            table, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations; {spent}"
         )
     logger.info(f"cost: {spent}")
     counts = {
         outcome: sum(row["outcome"] == outcome for row in rows)
         for outcome in ("evaluated", "resumed", "reused", "exists")
     }
+    failed = [f"{request.describe()} (job {outcome.job_id}): {outcome.error}"
+              for request, outcome in pairs if outcome.error is not None]  # fmt: skip
     counts["failed"] = len(failed)
     logger.info(", ".join(f"{value} {key}" for key, value in counts.items()))
     if failed:
@@ -114,19 +109,49 @@ def _evaluate(
 
 def evaluation_row(request: EvaluationRequest, outcome: ItemOutcome, store: ArtifactStore) -> dict[str, Any]:
     """The artifact's row of one (checkpoint, suite): its status (complete; resumed, with the shards an
-    earlier task kept; pending, with the shards kept so far), its job and GPU-hours, and its numbers."""
+    earlier task kept; pending, with the shards kept so far), tonight's job and every job that worked on
+    the pair (`jobs`: earlier nights' too, whose GPU-hours `GPU-h` sums: gpu_hours), and its numbers."""
     row = {"run": request.run_id, "checkpoint": request.checkpoint, "suite": request.suite,
-           "status": "complete", "job": outcome.job_id, "outcome": outcome.result or "failed",
-           "GPU-h": None if outcome.cost is None else round(outcome.cost.gpu_hours, 4)}  # fmt: skip
+           "status": "complete", "outcome": outcome.result or "failed", "job": outcome.job_id, "jobs": [],
+           "GPU-h": None}  # fmt: skip
+    tonight = [outcome.job_id] if outcome.job_id else []  # recorded by the task too, unless it died early
     if outcome.error is not None:
         kept = len(store.evaluation_shard_names(request.run_id, request.checkpoint, request.suite))
         row["status"] = f"pending: {kept} shard{'' if kept == 1 else 's'} kept"
+        recorded = store.evaluation_jobs(request.run_id, request.checkpoint, request.suite)
+        row["jobs"] = list(dict.fromkeys([*recorded, *tonight]))
         return row
     record = store.evaluation(request.run_id, request.checkpoint, request.suite)
     assert record is not None  # the item returned: its evaluation is committed
     if record.get("resumed_shards"):
         row["status"] = f"resumed: {record['resumed_shards']} of {record['shards']} shards kept before"
+    row["jobs"] = list(dict.fromkeys([*record.get("jobs", []), *tonight]))
     return {**row, "mean": record["mean"], "stderr": record["stderr"], "k": record["k"]}
+
+
+def _count_gpu_hours(
+    rows: list[dict[str, Any]], outcomes: list[ItemOutcome], executor: str, profile: ExecutionProfile
+) -> str:
+    """Fill each row's GPU-h from accounting (tonight's jobs as run_array found them, earlier nights' asked
+    for now); returns tonight's cost in words."""
+    tonight = {outcome.job_id: outcome.cost for outcome in outcomes if outcome.job_id and outcome.cost}
+    earlier = {job for row in rows for job in row["jobs"]} - set(tonight)
+    costs = {**job_costs(executor, profile, sorted(earlier)), **tonight}
+    for row in rows:
+        row["GPU-h"] = gpu_hours(row["jobs"], costs)
+    if not tonight:
+        return "no accounted jobs tonight (inline or local: no GPU-hours)"
+    return (
+        f"tonight {sum(c.gpu_hours for c in tonight.values()):.3f} GPU-hours,"
+        f" {sum(c.cpu_hours for c in tonight.values()):.3f} CPU-hours over {len(tonight)} jobs (accounting);"
+        " a pair's GPU-h counts every job that worked on it, earlier nights' too"
+    )
+
+
+def gpu_hours(jobs: list[str], costs: Mapping[str, JobCost]) -> float | None:
+    """What the jobs cost in GPU-hours, by accounting (None: it knows none of them: inline, local, taken)."""
+    known = [costs[job].gpu_hours for job in jobs if job in costs]
+    return round(sum(known), 4) if known else None
 
 
 def avg6_rows(requests: list[EvaluationRequest], stores: dict[str, ArtifactStore]) -> list[dict[str, Any]]:

@@ -39,10 +39,12 @@ def recipe_parameters(config: RunConfig) -> dict[str, Any]:
 
 
 def fitted_schema(schema: dict[str, Any], config: RunConfig, profiles: list[str]) -> dict[str, Any]:
-    """The train flow's parameter schema (Prefect's, with its `definitions`) fitted to `config`: the
-    parameters in FIRST's order, the store first in the recipe, the other kinds' fields and sections gone
-    (from the definitions and from the nested defaults), and `profiles` (absolute paths) offered as the
-    profile's choices before any other path, or none for the executors that need none."""
+    """The train flow's parameter schema (Prefect's as `parameter_schema` makes it, with its `definitions`,
+    each model's fields in their declared order) fitted to `config`: the parameters in FIRST's order, the
+    store first in the recipe, the other kinds' fields and sections gone (from the definitions and from the
+    nested defaults), and `profiles` (absolute paths) offered as the profile's choices before any other
+    path, or none for the executors that need none. Every field gets its `position`, which the UI sorts
+    by: the server stores a schema as PostgreSQL JSONB, which keeps no key order (it sorts by length)."""
     fitted = copy.deepcopy(schema)
     for position, name in enumerate(FIRST):
         fitted["properties"][name]["position"] = position
@@ -69,4 +71,7 @@ def fitted_schema(schema: dict[str, Any], config: RunConfig, profiles: list[str]
         for name in fields:
             properties.pop(name, None)
             definitions["RunConfig"]["properties"][section].get("default", {}).pop(name, None)
+    for definition in definitions.values():
+        for position, field in enumerate(definition.get("properties", {}).values()):
+            field["position"] = position
     return fitted

@@ -51,6 +51,9 @@ class PrefectStageRunner:
 
     def __init__(self, inner: StageRunner) -> None:
         self.inner = inner
+        self.stopped_watching: str | None = None
+        """The run whose job this flow run was waiting for when its driver was stopped: its own, or the
+        warm-up's where it was making it (a cancel ends that run's jobs too)."""
         if isinstance(inner, JobRunner):
             inner.watch = self._watch_job
 
@@ -58,14 +61,19 @@ class PrefectStageRunner:
     def resident(self) -> bool:
         return self.inner.resident
 
+    @property
+    def for_driver(self) -> StageRunner | DriverJobRunner:
+        """What the driver is given: this, or the resident executor's runner itself, to which the driver
+        hands the whole run (its one job is one task run, `driver · job <id>`)."""
+        return self.inner if isinstance(self.inner, DriverJobRunner) else self
+
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         if isinstance(self.inner, JobRunner):
             self.inner.run(request, ctx)  # its jobs are the task runs
         else:
             stage_task.with_options(task_run_name=task_name(request))(lambda: self.inner.run(request, ctx))
 
-    @staticmethod
-    def _watch_job(request: StageRequest, job_id: str, wait: Callable[[], JobInfo]) -> JobInfo:
+    def _watch_job(self, request: StageRequest, job_id: str, wait: Callable[[], JobInfo]) -> JobInfo:
         stopped: list[DriverStopped] = []
 
         def waiting() -> JobInfo | State:
@@ -80,15 +88,9 @@ class PrefectStageRunner:
 
         state = stage_task.with_options(task_run_name=task_name(request, job_id))(waiting, return_state=True)
         if stopped:
+            self.stopped_watching = request.run_id
             raise stopped[0]
         return state.result()
-
-
-def shown_in_prefect(runner: StageRunner) -> StageRunner | DriverJobRunner:
-    """`runner` with its stages (or jobs) as task runs; the resident executor's one driver job is one task
-    run `driver · job <id>`."""
-    shown = PrefectStageRunner(runner)  # sets a job runner's watch
-    return runner if isinstance(runner, DriverJobRunner) else shown
 
 
 def cancel_requested() -> bool:

@@ -27,7 +27,7 @@ from prefect.runtime import deployment, flow_run
 from prefect.states import Failed, State
 
 from flows.artifacts import Published, publish_costs, publish_report, refused, show_resume_point
-from flows.runner import cancel_requested, end_cancelled, shown_in_prefect
+from flows.runner import PrefectStageRunner, cancel_requested, end_cancelled
 from probepo.config import RunConfig
 from probepo.errors import ExecutionError
 from probepo.pipeline import recorded_updates
@@ -35,7 +35,6 @@ from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
 from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
-from probepo.stages.warmup import warmup_run_id
 from probepo.store import ArtifactStore, StoreError, open_store
 from slurm import JobRunner
 from slurm.check import launchable
@@ -56,8 +55,9 @@ def _train_run_name() -> str:
 
 
 def worker_lacks(config: RunConfig | dict[str, Any]) -> list[str]:
-    """A refusal's last problem where the worker's environment lacks what the run reads (a worker started
-    by cron or systemd has only what its env file sets): none where it lacks nothing."""
+    """What the worker's environment lacks that the run reads (a worker started by cron or systemd has only
+    what its env file sets), in one line: a warning in the flow's log of a run that starts, a refused run's
+    last problem; none where it lacks nothing."""
     try:
         recipe = config if isinstance(config, RunConfig) else validate_run_config(config, "config")
     except ConfigError:
@@ -81,7 +81,9 @@ def _drive(
     logger = get_run_logger()
     try:
         config, execution, runner, warnings = launchable(config, executor, profile)
-        for warning in warnings:
+        # the checks may pass without what the worker lacks (a model in the default cache, no
+        # HF_HUB_OFFLINE), which the jobs it submits still miss: said whether refused or not
+        for warning in [*warnings, *worker_lacks(config)]:
             logger.warning(warning)
         store = store or open_store(config.store)
         show_resume_point(store, run_id, config)
@@ -90,6 +92,7 @@ def _drive(
     except StoreError as exc:
         return refused(f"run {run_id}", [str(exc)])
     published = Published(store, run_id, config.num_updates)
+    shown = PrefectStageRunner(runner)
     events = Path(execution.job_folder).resolve() / run_id / "tensorboard"
     try:
         metrics = drive(
@@ -98,7 +101,7 @@ def _drive(
             store=store,
             progress=published,
             say=logger.info,
-            runner=shown_in_prefect(runner),
+            runner=shown.for_driver,
             tensorboard_dir=events,  # the resident executor's job writes its own, there too
             holder_ended=holder_ended,  # a lease left by a driver job that ended is taken over at once
             retention=execution.retention,
@@ -106,7 +109,7 @@ def _drive(
     except Preempted:
         if not cancel_requested():
             raise  # preempted: the flow run crashes, `resume` goes on from the store
-        return _cancel(store, run_id, config, runner)
+        return _cancel(store, run_id, runner, shown.stopped_watching)
     except (ConfigError, StoreError) as exc:  # the run's own state: a recipe mismatch, a lease held
         return refused(f"run {run_id}", str(exc).splitlines())
     except ExecutionError as exc:  # a stage failed in its job: its error and the end of its log
@@ -117,12 +120,12 @@ def _drive(
     return metrics
 
 
-def _cancel(store: ArtifactStore, run_id: str, config: RunConfig, runner: Any) -> State:
-    """Record the cancellation, end the run's jobs (its warm-up's too, where this run was making it), and
-    end the flow run Cancelled with a message saying which jobs."""
-    runs = [run_id]
-    if config.model.kind != "hf" and warmup_run_id(config) in store.runs():
-        runs.append(warmup_run_id(config))
+def _cancel(store: ArtifactStore, run_id: str, runner: Any, stopped_watching: str | None) -> State:
+    """Record the cancellation, end the run's jobs, and end the flow run Cancelled with a message saying
+    which jobs. `stopped_watching`: the run whose job the driver was waiting for when it stopped; where that
+    is the warm-up this run was making, its jobs end too (a warm-up another run is making, or one made long
+    ago, is left alone)."""
+    runs = list(dict.fromkeys(run for run in (run_id, stopped_watching) if run))
     # the records first: a resume ends any job this process dies before ending (JobRunner._in_flight), and
     # a job that sees its run cancelled does not requeue itself
     jobs = {run: runner.open_jobs(store, run) if isinstance(runner, JobRunner) else [] for run in runs}

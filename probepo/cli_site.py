@@ -1,41 +1,111 @@
 """The commands that prepare a site: `probepo check` (what a job would discover hours into an allocation,
 verified in seconds on the login node; slurm/check.py does the checking) and `probepo stage` (what a
-recipe reads, put in one folder for compute nodes without internet; probepo/staging.py)."""
+recipe reads, put in one folder for compute nodes without internet; probepo/staging.py); and the one rule
+by which `check`, `train`, `resume` and `launch` take their executor and profile (`run_execution`).
+Nothing here imports Prefect."""
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from probepo.presets import ConfigError, preset_fields
+from probepo.config.site import site_file
+from probepo.presets import ConfigError, load_site_file, preset_fields
+from probepo.store.cli import DEFAULT_STORE_URL, StoreOption, store_url
+
+ExecutorOption = Annotated[
+    str | None,
+    typer.Option(
+        "--executor",
+        help="Where each stage runs: inline (this process), local (a subprocess per stage, submitit's"
+        " LocalExecutor), slurm (a SLURM job per stage) or resident (one SLURM job runs the driver and every"
+        " stage, engines resident: what checkpoint_every > 1 needs). Default, the same for check, train,"
+        " resume and launch: the site file's ($PROBEPO_SITE, else site.yaml in the checkout), else inline"
+        " for the testbed or where sbatch is not on PATH, else resident; the command says which it took.",
+    ),
+]
+ProfileOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--profile",
+        help="Execution profile (YAML): per-stage SLURM resources, job folder, environment allow-list;"
+        " not part of the run's recipe (configs/profiles/ has examples). Default: the site file's, if any.",
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Execution:
+    """The executor and profile a command runs a recipe with."""
+
+    executor: str
+    profile: str | None
+    notes: tuple[str, ...] = ()
+    """A line for each of them taken by default, saying which and why."""
+
+
+def run_execution(
+    testbed: bool, executor: str | None, profile: Path | None, checkpoint_every: int = 1
+) -> Execution:
+    """The executor and profile of a run, the one rule of `check`, `train`, `resume` and `launch` (and of the
+    deployments' forms: slurm.executors.executor_that_runs): those given, else the site file's
+    (probepo/config/site.py; resident where the site's executor cannot keep the engines a recipe's
+    `checkpoint_every` > 1 needs), else no profile and, for the executor, inline for a `testbed` recipe (it
+    needs no cluster) or where this machine has no SLURM, else resident (the scale path: one job runs every
+    stage, its engines resident). Raises ConfigError for a site file that does not read."""
+    from slurm.executors import executor_that_runs  # the registry's rule, read only with a site file
+
+    named = site_file()
+    site = load_site_file(named) if named is not None else None
+    notes = []
+    if executor is None:
+        if site is not None:
+            executor = executor_that_runs(site.executor, checkpoint_every)
+            kept = executor == site.executor
+            why = f"the site's, {named}" + ("" if kept else f"; {site.executor} keeps no engines resident")
+        elif testbed:
+            executor, why = "inline", "the testbed runs in this process"
+        elif shutil.which("sbatch") is None:
+            executor, why = "inline", "no SLURM on this machine (sbatch is not on PATH)"
+        else:
+            executor, why = "resident", "a cluster recipe: one job runs every stage, its engines resident"
+        notes.append(f"executor: {executor} ({why}; --executor chooses another)")
+    if profile is None and site is not None and site.profile is not None:
+        notes.append(f"profile: {site.profile} (the site's, {named}; --profile chooses another)")
+        return Execution(executor, site.profile, tuple(notes))
+    return Execution(executor, str(profile) if profile else None, tuple(notes))
+
+
+def _checkpoint_every(fields: dict[str, Any]) -> int:
+    """A recipe's `checkpoint_every`, not yet validated (1 where it is not a whole number: the recipe's
+    check then says what is wrong with it)."""
+    value = fields.get("checkpoint_every", 1)
+    return value if isinstance(value, int) else 1
+
+
+def _is_testbed(fields: dict[str, Any]) -> bool:
+    """Whether a recipe's fields, not yet validated, name the testbed model (the default kind)."""
+    model = fields.get("model") or {}
+    return not isinstance(model, dict) or model.get("kind", "testbed") == "testbed"
 
 
 def check(
     config: Annotated[Path, typer.Argument(metavar="RECIPE", help="A YAML preset of RunConfig fields.")],
-    profile: Annotated[
-        Path | None, typer.Option("--profile", help="The execution profile the run's jobs would use.")
-    ] = None,
-    store: Annotated[
-        str | None, typer.Option("--store", help="The store the run would use (default: the recipe's).")
-    ] = None,
-    executor: Annotated[
-        str | None,
-        typer.Option(
-            "--executor",
-            help="inline, local, slurm or resident, as train would use; default: the site's (its site file),"
-            " else inline for the testbed or where no SLURM is installed, else resident.",
-        ),
-    ] = None,
+    profile: ProfileOption = None,
+    store: StoreOption = None,
+    executor: ExecutorOption = None,
     probe_job: Annotated[
         bool,
         typer.Option(
             "--probe-job",
             metavar="",
             help="Also submit a short job with the trainer's resources that imports what the recipe needs in"
-            " the job's own interpreter and reports versions and visible GPUs.",
+            " the job's own interpreter, reaches the store with the job's credentials and reports versions,"
+            " GPUs, memory and $TMPDIR's free space.",
         ),
     ] = False,
 ) -> None:
@@ -47,17 +117,17 @@ def check(
 
     try:
         fields = preset_fields(config)
-        if executor is None:
-            executor, why = default_executor(fields)
-            typer.echo(f"executor: {executor} ({why}; --executor chooses another)")
+        execution = run_execution(_is_testbed(fields), executor, profile, _checkpoint_every(fields))
     except ConfigError as exc:
         typer.echo(f"FAIL {exc}")
         raise typer.Exit(2) from None
+    for note in execution.notes:
+        typer.echo(note)
     checked = check_launch(
         fields,
-        executor,
-        str(profile) if profile else None,
-        store=store,
+        execution.executor,
+        execution.profile,
+        store=store_url(store, fields.get("store", DEFAULT_STORE_URL)),
         probe_job=probe_job,
         source=str(config),
     )
@@ -72,22 +142,6 @@ def check(
     typer.echo(f"{verdict}: {len(found.failures)} failure(s), {len(found.warnings)} warning(s)")
     if found.failures:
         raise typer.Exit(2)
-
-
-def default_executor(fields: dict[str, Any]) -> tuple[str, str]:
-    """The executor a run of the recipe `fields` would take, and why: the site file's, else inline for the
-    testbed (it needs no cluster) or where this machine has no SLURM, else resident (the scale path: one
-    job runs every stage, its engines resident). Raises ConfigError for a site file that does not read."""
-    from flows.deployments import load_site, site_file
-
-    named = site_file()
-    if named is not None:
-        return load_site(named)[0].executor, f"the site's, {named}"
-    if fields.get("model", {}).get("kind", "testbed") == "testbed":
-        return "inline", "the testbed runs in this process"
-    if shutil.which("sbatch") is None:
-        return "inline", "no SLURM on this machine (sbatch is not on PATH)"
-    return "resident", "a cluster recipe: one job runs every stage, its engines resident"
 
 
 def stage(

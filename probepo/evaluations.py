@@ -10,22 +10,24 @@ eval seed, so checkpoint k on `heldout` reproduces the in-run evaluation of upda
 from __future__ import annotations
 
 import logging
+import os
 import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from probepo.config import CheckpointSelection, RunConfig
 from probepo.config.retention import Retention
 from probepo.faults import fault_point
 from probepo.presets import ConfigError, validate_run_config
 from probepo.schedule import EVAL_RESULTS, Stage
-from probepo.stages.context import StageContext
+from probepo.stages.context import StageContext, never_stop
 from probepo.stages.evaluate import HELDOUT, recipe_suites, suites_for
-from probepo.store import ArtifactStore, StoreError, open_store
+from probepo.store import ArtifactStore, ObjectMissing, StoreError, open_store
 from probepo.store.retention import RetentionReport, apply_retention, checkpoint_markers, holds
 
 log = logging.getLogger("probepo.evaluations")
@@ -55,15 +57,15 @@ def known_suites() -> tuple[str, ...]:
 
 
 def check_suites(suites: Sequence[str] | None) -> tuple[str, ...] | None:
-    """The suites (None: each run's own, `recipe_suites`), or a ValueError naming the unknown ones and the
-    choices."""
+    """The suites (None: each run's own, `recipe_suites`), or a ValueError naming the unknown ones (or an
+    empty list) and the choices."""
     if suites is None:
         return None
-    unknown = [name for name in suites if name not in known_suites()]
-    if unknown or not suites:
-        raise ValueError(
-            f"suites: {', '.join(unknown) or 'none given'} — choose from {', '.join(known_suites())}"
-        )
+    choices = f"choose from {', '.join(known_suites())}"
+    if not suites:
+        raise ValueError(f"suites: none given — leave suites unset (None) for each run's own, or {choices}")
+    if unknown := [name for name in suites if name not in known_suites()]:
+        raise ValueError(f"suites: {', '.join(unknown)} — {choices}")
     return tuple(dict.fromkeys(suites))
 
 
@@ -178,6 +180,21 @@ def adopt_run_evaluation(request: EvaluationRequest) -> str:
     return "reused" if created else "exists"
 
 
+@runtime_checkable
+class HoldsCommits(Protocol):
+    """A stop flag that abandons the work at once, but for a commit (an array task's: slurm/job.py,
+    AbandoningStop): the work makes each commit inside `held()`, and the flag counts them as progress."""
+
+    def __call__(self) -> bool: ...
+
+    def held(self) -> AbstractContextManager[None]: ...
+
+
+def _held(should_stop: Callable[[], bool]) -> AbstractContextManager[None]:
+    """A commit, never cut by a stop that abandons the work (HoldsCommits); a plain flag waits anyway."""
+    return should_stop.held() if isinstance(should_stop, HoldsCommits) else nullcontext()
+
+
 @dataclass(frozen=True)
 class EvaluationShards:
     """An evaluation's shards (a ShardBook), kept beside the run's evaluations under a prefix of its own
@@ -196,54 +213,82 @@ class EvaluationShards:
     def commit(self, name: str, table: bytes, summary: Mapping[str, Any]) -> None:
         ctx = self.ctx
         fault_point(ctx.update, name, "before-commit", ctx.should_stop)
-        ctx.store.commit_evaluation_shard(ctx.run_id, ctx.update, self.suite, name, table)
+        with _held(ctx.should_stop):
+            ctx.store.commit_evaluation_shard(ctx.run_id, ctx.update, self.suite, name, table)
         fault_point(ctx.update, name, "after-commit", ctx.should_stop)
 
     def read(self, name: str) -> bytes:
         return self.ctx.store.read_evaluation_shard(self.ctx.run_id, self.ctx.update, self.suite, name)
 
 
-def _never() -> bool:
-    return False
+def scheduler_job() -> str | None:
+    """The SLURM job this process runs in, as accounting names it (`123_4`: task 4 of array 123), or None."""
+    env = os.environ
+    if "SLURM_ARRAY_JOB_ID" in env and "SLURM_ARRAY_TASK_ID" in env:
+        return f"{env['SLURM_ARRAY_JOB_ID']}_{env['SLURM_ARRAY_TASK_ID']}"
+    return env.get("SLURM_JOB_ID")
 
 
-def evaluate_checkpoint(request: EvaluationRequest, should_stop: Callable[[], bool] = _never) -> str:
+def evaluate_checkpoint(request: EvaluationRequest, should_stop: Callable[[], bool] = never_stop) -> str:
     """Evaluate one checkpoint on one suite and commit it: `evaluated`, `resumed` (evaluated, some of its
     shards made by an earlier, stopped task), or `exists` when an evaluation was there already (before or
-    — a concurrent one — after this one ran). Its samples are made shard by shard (the recipe's engine
-    calls), each kept as it is made; once `should_stop` (a preemption or time-limit signal), it stops at the
-    next shard and raises Preempted, and its next run makes only the missing shards: the same bits as an
-    uninterrupted evaluation. The shards are deleted once the evaluation is committed."""
-    from probepo.stages.common import task_of
-    from probepo.stages.evaluate import benchmark_suite, heldout_suite, score_suite
-
+    — a concurrent one, which may drop the shards this one reads — after this one ran). Its samples are
+    made shard by shard (the recipe's engine calls), each kept as it is made; once `should_stop` (a
+    preemption or time-limit signal), it stops at the next shard and raises Preempted, or, under an array
+    task's flag (HoldsCommits), is abandoned at once but for a commit; its next run makes only the missing
+    shards: the same bits as an uninterrupted evaluation. Each SLURM job that works on it is noted beside
+    the shards, and the record names them all (`jobs`: the GPU-hours of every night it took). The shards
+    are deleted once the evaluation is committed."""
     store = open_store(request.store_url)
-    if store.evaluation(request.run_id, request.checkpoint, request.suite) is not None:
-        store.drop_evaluation_shards(request.run_id, request.checkpoint, request.suite)
+    pair = (request.run_id, request.checkpoint, request.suite)
+    if store.evaluation(*pair) is not None:
+        store.drop_evaluation_shards(*pair)
         return "exists"
     if request.checkpoint not in (committed := checkpoints(checkpoint_markers(store, request.run_id))):
         raise ValueError(
             f"{request.describe()}: run {request.run_id} has no checkpoint with weights at update"
             f" {request.checkpoint} (it has {list(committed)})"
         )
-    config = stored_config(store, request.run_id)
+    if job := scheduler_job():
+        store.record_evaluation_job(*pair, job)
     started = time.perf_counter()
+    try:
+        summary, table, source, notes = _score(store, request, should_stop)
+    except ObjectMissing:
+        if store.evaluation(*pair) is None:
+            raise
+        store.drop_evaluation_shards(*pair)  # what this one kept after the other dropped the rest
+        return "exists"
+    resumed = notes.get("resumed_shards", 0)
+    record = {
+        **summary,
+        "source": source,
+        "per_problem": table,
+        "wall_s": round(time.perf_counter() - started, 3),
+        "shards": resumed + notes.get("shards_run", 0),
+        "resumed_shards": resumed,
+        "jobs": store.evaluation_jobs(*pair),
+    }
+    with _held(should_stop):
+        created = store.record_evaluation(*pair, record)
+        store.drop_evaluation_shards(*pair)
+    if not created:
+        return "exists"
+    return "resumed" if resumed else "evaluated"
+
+
+def _score(
+    store: ArtifactStore, request: EvaluationRequest, should_stop: Callable[[], bool]
+) -> tuple[dict[str, float | int], dict[str, list], str, dict[str, Any]]:
+    """Policy k on the request's suite, its shards kept as EvaluationShards: its summary, per-problem
+    table and source, and the attempt's notes (`resumed_shards`, `shards_run`)."""
+    from probepo.stages.common import task_of
+    from probepo.stages.evaluate import benchmark_suite, heldout_suite, score_suite
+
+    config = stored_config(store, request.run_id)
     with tempfile.TemporaryDirectory(prefix=f"probepo-eval-{request.run_id}-") as scratch:
         ctx = StageContext(store, request.run_id, request.checkpoint, config, Path(scratch), should_stop)
         task = task_of(ctx)
         suite = heldout_suite(ctx, task) if request.suite == HELDOUT else benchmark_suite(ctx, request.suite)
         summary, table = score_suite(ctx, task, suite, EvaluationShards(ctx, request.suite))
-    resumed = ctx.attempt_notes.get("resumed_shards", 0)
-    record = {
-        **summary,
-        "source": suite.source,
-        "per_problem": table,
-        "wall_s": round(time.perf_counter() - started, 3),
-        "shards": resumed + ctx.attempt_notes.get("shards_run", 0),
-        "resumed_shards": resumed,
-    }
-    created = store.record_evaluation(request.run_id, request.checkpoint, request.suite, record)
-    store.drop_evaluation_shards(request.run_id, request.checkpoint, request.suite)
-    if not created:
-        return "exists"
-    return "resumed" if resumed else "evaluated"
+    return summary, table, suite.source, ctx.attempt_notes

@@ -10,15 +10,19 @@ it, so a hub id counts only when its files are in the local cache.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probepo.config import RunConfig
+from pydantic import ValidationError
+
+from probepo.config import ModelConfig, RunConfig
 from probepo.store import StoreError, open_store
 
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
@@ -56,14 +60,14 @@ class Findings:
             raise Refused(self.failures)
 
 
-def model_folder(config: RunConfig, found: Findings) -> Path | None:
-    """The local folder (or GGUF file) of a Hugging Face recipe's policy, or None with a failure recorded:
-    a folder, a GGUF file, or a hub id whose snapshot is in the local hub cache."""
+def model_folder(model: ModelConfig, found: Findings) -> Path | None:
+    """The local folder (or GGUF file) of a Hugging Face policy, or None with a failure recorded: a folder,
+    a GGUF file, or a hub id whose snapshot is in the local hub cache."""
     from probepo.engines.hf.loading import resolve_source
 
-    named = f"model.pretrained = {config.model.pretrained}"
+    named = f"model.pretrained = {model.pretrained}"
     try:
-        source = resolve_source(config.model.pretrained)
+        source = resolve_source(model.pretrained)
     except (FileNotFoundError, ValueError) as exc:
         found.failures.append(f"{named}: {exc}")
         return None
@@ -132,18 +136,18 @@ class ModelFiles:
     """Its parameter count from the weights' headers; None when unknown (GGUF, or not found)."""
 
 
-def model_files(config: RunConfig) -> tuple[Findings, ModelFiles]:
+def model_files(model: ModelConfig) -> tuple[Findings, ModelFiles]:
     """A Hugging Face policy's config, tokenizer and every weight shard are present, their headers
     readable."""
     found = Findings()
-    if config.model.kind != "hf":
+    if model.kind != "hf":
         return found, ModelFiles()
-    folder = model_folder(config, found)
+    folder = model_folder(model, found)
     if folder is None:
         return found, ModelFiles()
     from probepo.engines.hf.loading import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, weight_shards
 
-    named = f"model.pretrained = {config.model.pretrained}"
+    named = f"model.pretrained = {model.pretrained}"
     if folder.suffix == ".gguf":
         found.passed.append(f"model: {folder} (GGUF: weights and tokenizer in one file)")
         return found, ModelFiles(folder)
@@ -362,7 +366,20 @@ def missing_environment(config: RunConfig) -> list[str]:
 
 def preflight(config: RunConfig) -> tuple[Findings, ModelFiles]:
     """Everything about `config` its jobs would meet, bar the cluster: model files, data, store."""
-    found, model = model_files(config)
+    found, model = model_files(config.model)
     if not found.failures:
         found.extend(task_findings(config, model))
     return found.extend(store_findings(config.store)), model
+
+
+def invalid_recipe_preflight(fields: Mapping[str, Any]) -> Findings:
+    """What `preflight` can still check of a recipe's `fields` that failed validation (which named its own
+    failures): the model, where its fields are valid on their own, and the store, where it is given as
+    text. The data needs the whole recipe (its task, its tokenizer) and waits for it."""
+    found = Findings()
+    with contextlib.suppress(ValidationError):  # the model's own failures are among the recipe's
+        found.extend(model_files(ModelConfig.model_validate(fields.get("model") or {}))[0])
+    store = fields.get("store", RunConfig.model_fields["store"].default)
+    if isinstance(store, str) and store:
+        found.extend(store_findings(store))
+    return found

@@ -18,7 +18,8 @@ from annotated_types import Ge, Gt, Le, Lt, MinLen
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-from probepo.config import ExecutionProfile, RunConfig
+from probepo.config import ExecutionProfile, RunConfig, SiteConfig
+from probepo.recipe_checks import task_problems
 
 
 class ConfigError(ValueError):
@@ -125,16 +126,28 @@ def explain(
 def validate_run_config(
     data: Mapping[str, Any], source: str, blame: Mapping[str, str] | None = None
 ) -> RunConfig:
-    """RunConfig.model_validate, with a ConfigError from `explain` on failure."""
+    """RunConfig.model_validate, then what the recipe needs of its task (probepo.recipe_checks), with a
+    ConfigError naming every problem on failure."""
     try:
-        return RunConfig.model_validate(data)
+        config = RunConfig.model_validate(data)
     except ValidationError as exc:
         raise explain(exc, source, blame) from None
+    return fitting_its_task(config, source)
 
 
 def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
-    """A validated copy of `config` with dotted overrides, e.g. `**{"algo.algorithm": "grpo"}`."""
-    return RunConfig.model_validate(_set_dotted(config.model_dump(), overrides))
+    """A validated copy of `config` with dotted overrides, e.g. `**{"algo.algorithm": "grpo"}` (a pydantic
+    ValidationError for a bad value; a ConfigError when the result does not fit its task)."""
+    changed = RunConfig.model_validate(_set_dotted(config.model_dump(), overrides))
+    return fitting_its_task(changed, "overrides " + ", ".join(overrides))
+
+
+def fitting_its_task(config: RunConfig, source: str) -> RunConfig:
+    """`config`, once it fits its task; else a ConfigError with a line per problem, each naming `source`."""
+    problems = task_problems(config)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
+    return config
 
 
 def _read_yaml(path: str | PathLike[str], what: str) -> dict[str, Any]:
@@ -173,16 +186,28 @@ def preset_fields(path: str | PathLike[str]) -> dict[str, Any]:
 
 
 def load_profile(path: str | PathLike[str] | None) -> ExecutionProfile:
-    """An ExecutionProfile from YAML (None: the defaults), a relative `job_folder` taken from the file's own
-    folder (not from wherever the reader runs: a worker's checkout, a login shell). Raises ConfigError
-    naming file and field."""
+    """An ExecutionProfile from YAML (None: the defaults), its `job_folder` absolute: `~` expanded, a
+    relative one taken from the file's own folder (not from wherever the reader runs: a worker's checkout,
+    a login shell). Raises ConfigError naming file and field."""
     if path is None:
         return ExecutionProfile()
     try:
         profile = ExecutionProfile.model_validate(_read_yaml(path, "execution profile"))
     except ValidationError as exc:
         raise explain(exc, str(path), root=ExecutionProfile) from None
-    folder = Path(profile.job_folder).expanduser()
-    if folder.is_absolute():
-        return profile
-    return profile.model_copy(update={"job_folder": str((Path(path).resolve().parent / folder).resolve())})
+    folder = Path(profile.job_folder).expanduser()  # `~/jobs` is the reader's home, written out
+    if not folder.is_absolute():
+        folder = (Path(path).resolve().parent / folder).resolve()
+    return profile.model_copy(update={"job_folder": str(folder)})
+
+
+def load_site_file(path: str | PathLike[str]) -> SiteConfig:
+    """A site file's settings, its `profile` made absolute (a relative one is from the site file's folder).
+    Raises ConfigError naming file and field."""
+    try:
+        site = SiteConfig.model_validate(_read_yaml(path, "site file"))
+    except ValidationError as exc:
+        raise explain(exc, str(path), root=SiteConfig) from None
+    if site.profile is None:
+        return site
+    return site.model_copy(update={"profile": str((Path(path).resolve().parent / site.profile).resolve())})

@@ -15,6 +15,22 @@ COLUMN_ORDER = (Stage.EVALUATE, *TRAINING_STAGES)
 """The metrics table's stage groups, in the order of an update (the held-out numbers first)."""
 CURVES = (("held-out accuracy", "evaluate/accuracy"), ("mean reward", "sample/reward_mean"))
 """The series the live chart draws: (label, metric)."""
+DONE_WHEN = "optimize/loss"
+"""An update is done once its optimizer step has committed (its metrics then hold this)."""
+
+
+def rows_by_update(records: Iterable[Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+    """A run's metric records as one row per update, by update: a resumed update's records (each logs only
+    the stages the others had not) merged into one."""
+    rows: dict[int, dict[str, Any]] = {}
+    for record in records:
+        rows.setdefault(int(record["update"]), {}).update(record)
+    return dict(sorted(rows.items()))
+
+
+def updates_done(rows: Iterable[Mapping[str, Any]]) -> int:
+    """How many of these rows (one per update: rows_by_update) are of updates done."""
+    return sum(DONE_WHEN in row for row in rows)
 
 
 def metric_columns(keys: Iterable[str]) -> list[str]:
@@ -39,28 +55,25 @@ def sparkline(values: Sequence[float]) -> str:
     return "".join(" " if math.isnan(v) else BLOCKS[round((v - low) * scale)] for v in values)
 
 
-def curves_markdown(
-    run_id: str, records: Sequence[Mapping[str, Any]], num_updates: int, width: int = 60
-) -> str:
-    """The run's curves so far as markdown: for each of CURVES, its first and last value and a sparkline
-    over the updates that have it (the last `width` of them)."""
-    done = sum("optimize/loss" in record for record in records)
-    lines = [f"# Run {run_id}: curves", "", f"{done} of {num_updates} updates done", ""]
-    rows = []
+def curves_markdown(run_id: str, rows: Sequence[Mapping[str, Any]], num_updates: int, width: int = 60) -> str:
+    """The run's curves so far as markdown, from its rows (one per update: rows_by_update): for each of
+    CURVES, its first and last value and a sparkline over the updates that have it (the last `width`)."""
+    lines = [f"# Run {run_id}: curves", "", f"{updates_done(rows)} of {num_updates} updates done", ""]
+    drawn = []
     for label, key in CURVES:
         points = [
             (int(r["update"]), float(r[key]))
-            for r in records
+            for r in rows
             if isinstance(r.get(key), int | float) and not math.isnan(r[key])
         ]
         if not points:
-            rows.append(f"{label:<18}  (none yet)")
+            drawn.append(f"{label:<18}  (none yet)")
             continue
         shown = points[-width:]
         first, last = shown[0], shown[-1]
-        rows.append(
+        drawn.append(
             f"{label:<18} {first[1]:7.3f} {sparkline([v for _, v in shown])} {last[1]:7.3f}"
             f"   updates {first[0]}–{last[0]}"
         )
-    lines += ["```", *rows, "```"]
+    lines += ["```", *drawn, "```"]
     return "\n".join(lines) + "\n"

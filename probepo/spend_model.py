@@ -1,12 +1,13 @@
 """What an update moves and how long that takes, from a recipe's shape alone: the model `probepo check` prints
 before an allocation, and the one bench/overhead.py extrapolates its counted bytes to 7B with.
 
-It follows the code path by path (stages/policy.py, stages/optimize.py, the trainers' `weights()` and
-`state()`): the bytes of each kind are what rank 0's spend counters (probepo/spend.py) record for one
-update, and tests/pipeline/test_spend_model.py holds the model to the counters of a real run, so a change
-to what an update moves changes both. Seconds are bytes over stated bandwidths (`Bandwidths`, each
-figure with its source), for state movement only: generation, grading, scoring and the optimizer's own
-arithmetic are the update's work, not its overhead. Pure: nothing here imports torch or a stage.
+It follows the code path by path (stages/policy.py, committed.py and optimize.py, engines/build.py, the
+trainers' `weights()` and `state()`): the bytes of each kind are what rank 0's spend counters
+(probepo/spend.py) record for one update, and tests/pipeline/test_spend_model.py holds the model to the
+counters of a real run, so a change to what an update moves changes both. Seconds are bytes over stated
+bandwidths (`Bandwidths`, each figure with its source), for state movement only: generation, grading,
+scoring and the optimizer's own arithmetic are the update's work, not its overhead. Pure: nothing here
+imports torch or a stage.
 """
 
 from __future__ import annotations
@@ -47,8 +48,11 @@ class Bandwidths:
     so the stated figure stays and bench/overhead.py shows the measured one beside it."""
     device_copy: float = 2000.0
     """A copy from one tensor to another on the same GPU (the trainer's weights into the generator's), in
-    bytes copied: the H200's copy bandwidth measured here, ~4.3 TB/s of reads and writes (the device tool's
-    notes), halved."""
+    bytes copied: stated, not measured here. The H200's 4.8 TB/s of HBM3e (NVIDIA's datasheet) serves both
+    the read and the write of each byte, and a copy kernel reaches ~85 % of it: ~2 TB/s copied. vLLM's own
+    reload processing beside the copy (renaming, fusing q/k/v and gate/up by narrowed copies, post-load
+    hooks) is not in this model: measured only on this CPU (bench/handoff.py: 10 × a memcpy, the CPU
+    backend repacking its GEMM weights), never on a GPU."""
     device_hash: float = 32.3
     """The replay check's fingerprint (engines/fingerprint.py) over the weights where they are, per rank
     (each hashes a share): measured on a lent H200 (bench/overhead_gpu.py, DeepSeekMath-7B's 13.8 GB of

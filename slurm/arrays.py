@@ -5,20 +5,22 @@ this process (inline). Each executor's backend submits them (backends.py).
 Unlike a stage, an item is never re-attached to after a restart: each one commits its own result
 create-only in the store, so an item whose job died is simply missing there and done again next time.
 An item's function is given a stop flag (raised by USR2 or SIGTERM: a preemption or the time limit's
-warning); an item that stops at a safe point (raising Preempted, its progress kept) requeues its task
-(slurm/job.py: run_array_task), whose next run goes on from that progress.
+warning); on SLURM or locally the signal abandons what the item is doing at once, but for a commit in
+progress (slurm/job.py: AbandoningStop), and the task requeues itself (run_array_task), its next run going
+on from what the item had committed.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
 from probepo.config import ExecutionProfile
 from probepo.schedule import Stage
+from probepo.stages.context import never_stop
 from slurm.accounting import JobCost
 from slurm.executors import executor_for
 from slurm.job import run_array_task
@@ -49,10 +51,6 @@ def _error_of(exc: BaseException) -> str:
     return "\n".join(lines[-12:]) or type(exc).__name__
 
 
-def _never() -> bool:
-    return False
-
-
 def run_array(
     executor: str,
     fn: ArrayWork[T],
@@ -76,7 +74,7 @@ def run_array(
         outcomes = []
         for index, item in enumerate(items):
             try:
-                outcomes.append(ItemOutcome(index, None, fn(item, _never)))
+                outcomes.append(ItemOutcome(index, None, fn(item, never_stop)))
             except Exception as exc:  # one item's error is its outcome, the others go on
                 outcomes.append(ItemOutcome(index, None, error=_error_of(exc)))
         return outcomes
@@ -105,3 +103,13 @@ def run_array(
         except Exception as exc:  # the job's error (submitit re-raises it, with the stderr's tail)
             outcomes.append(ItemOutcome(index, job_id, error=_error_of(exc), cost=cost))
     return outcomes
+
+
+def job_costs(executor: str, profile: ExecutionProfile | None, job_ids: Iterable[str]) -> dict[str, JobCost]:
+    """What these jobs cost (an item's jobs of earlier nights, say), from the executor's accounting, keyed as
+    `ItemOutcome.job_id`; {} where it keeps none (inline, local) or does not answer."""
+    chosen = executor_for(executor, arrays=True)
+    wanted = list(job_ids)
+    if chosen.backend is None or not wanted:
+        return {}
+    return chosen.backend(profile or ExecutionProfile()).costs(wanted) or {}

@@ -24,7 +24,14 @@ from typing import Any
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRunner
-from probepo.preflight import Findings, memory_findings, preflight, store_findings, tied_parameters
+from probepo.preflight import (
+    Findings,
+    invalid_recipe_preflight,
+    memory_findings,
+    preflight,
+    store_findings,
+    tied_parameters,
+)
 from probepo.presets import ConfigError, load_profile, validate_run_config
 from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend
@@ -58,10 +65,14 @@ def check_launch(
     store: str | None = None,
     probe_job: bool = False,
     source: str = "config",
+    thorough: bool = True,
 ) -> Checked:
     """Every check of a launch of `config` (a recipe, or its fields, read from `source`) with `executor` and
     `profile` (a YAML path), the store being `store` if given, else the recipe's. Never raises for what it
-    checks."""
+    checks, and names every problem it finds, each on its own line: one problem hides no other (a recipe
+    that fails validation still has its model, store and checkpoint_every checked; a bad profile, an
+    unknown executor). `thorough` off: only what a run needs to start (the recipe, the profile, the
+    executor and its backend answering)."""
     found = Findings()
     data = config.model_dump(mode="json") if isinstance(config, RunConfig) else dict(config)
     if store is not None:
@@ -76,29 +87,11 @@ def check_launch(
         )
     except ConfigError as exc:
         found.failures += str(exc).splitlines()
-    try:
-        checked.profile = load_profile(profile)
-        checked.executor = executor_for(executor)
-        if checked.executor.backend is not None:
-            backend = checked.executor.backend(checked.profile)
-            backend.check()
-            checked.backend = backend
-    except (ConfigError, ExecutionError) as exc:  # the recipe's own checks still run
-        found.failures += str(exc).splitlines()
+    _execution_parts(checked, executor, profile, thorough)
+    if not thorough:
+        return checked
+    found.extend(_recipe_findings(checked, data, executor))
     backend = checked.backend
-    if checked.config is not None:
-        run_found, model = preflight(checked.config)
-        found.extend(run_found)
-        if model.parameters is not None and checked.profile and checked.executor:
-            found.extend(_memory(checked.config, checked.profile, checked.executor, model.parameters))
-            tied = tied_parameters(model.folder)
-            found.extend(spend_findings(checked.config, checked.profile, executor, model.parameters, tied))
-            checked.scratch_bytes = scratch_need(
-                checked.config, checked.profile, executor, model.parameters, tied
-            )
-        refusal = resident_refusal(checked.config.checkpoint_every)
-        if refusal and checked.executor is not None and not checked.executor.resident:
-            found.failures.append(f"executor {executor}: {refusal}")
     if backend is None or checked.profile is None or checked.executor is None:
         if probe_job and checked.executor is not None and checked.executor.in_process:
             found.warnings.append(f"--probe-job: executor {executor} runs no jobs, so none was submitted")
@@ -111,14 +104,67 @@ def check_launch(
     return checked
 
 
+def _execution_parts(
+    checked: Checked, executor: str, profile: str | os.PathLike[str] | None, thorough: bool
+) -> None:
+    """The profile, the executor and its backend answering into `checked`, each problem a failure."""
+    found = checked.findings
+    try:
+        checked.profile = load_profile(profile)
+    except ConfigError as exc:
+        found.failures += str(exc).splitlines()
+    try:
+        checked.executor = executor_for(executor)
+    except ExecutionError as exc:
+        found.failures += str(exc).splitlines()
+    if checked.profile is None or checked.executor is None or checked.executor.backend is None:
+        return
+    try:
+        backend = checked.executor.backend(checked.profile)
+        # a thorough check names each stage's site problems in site_findings; a quick one refuses them here
+        backend.check(() if thorough else checked.executor.stages)
+        checked.backend = backend
+    except ExecutionError as exc:
+        found.failures += str(exc).splitlines()
+
+
+def _recipe_findings(checked: Checked, data: dict[str, Any], executor: str) -> Findings:
+    """What the recipe's jobs would meet: its model's files and memory, its data, its store, what an update
+    spends under the executor, and whether the executor can run its checkpoint_every. Of a recipe that
+    failed validation, what can be checked of it still (`invalid_recipe_preflight`, checkpoint_every)."""
+    config = checked.config
+    if config is None:
+        found = invalid_recipe_preflight(data)
+        checkpoint_every = data.get("checkpoint_every", 1)
+    else:
+        found, model = preflight(config)
+        if model.parameters is not None and checked.profile and checked.executor:
+            found.extend(_memory(config, checked.profile, checked.executor, model.parameters))
+            tied = tied_parameters(model.folder)
+            found.extend(spend_findings(config, checked.profile, executor, model.parameters, tied))
+            checked.scratch_bytes = scratch_need(config, checked.profile, executor, model.parameters, tied)
+        checkpoint_every = config.checkpoint_every
+    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool):
+        return found  # not a number: its field's failure says so
+    refusal = resident_refusal(checkpoint_every)
+    if refusal and checked.executor is not None and not checked.executor.resident:
+        found.failures.append(f"executor {executor}: {refusal}")
+    return found
+
+
 def launchable(
-    config: RunConfig | dict[str, Any], executor: str, profile: str | None, *, store: str | None = None
+    config: RunConfig | dict[str, Any],
+    executor: str,
+    profile: str | None,
+    *,
+    store: str | None = None,
+    check: bool = True,
 ) -> tuple[RunConfig, ExecutionProfile, StageRunner, list[str]]:
     """What a launch checks before it submits anything (`probepo check`'s checks, bar the probe job: recipe,
-    profile, executor and its site, model, data, store) as the recipe, the profile, the stage runner and
-    the warnings; raises Refused naming every problem found. The train flow, `probepo launch`, `train` and
-    `resume` all run it."""
-    checked = check_launch(config, executor, profile, store=store)
+    profile, executor and its site, model, data, store; with `check` off, only what the run needs to start)
+    as the recipe, the profile, the stage runner and the warnings; raises Refused naming every problem
+    found. The train flow, `probepo launch`, `train` and `resume` all run it."""
+    checked = check_launch(config, executor, profile, store=store, thorough=check)
     checked.findings.refuse()
     assert checked.config is not None and checked.profile is not None and checked.executor is not None
     runner = checked.executor.runner(checked.backend, checked.profile)  # its backend checked already

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
-from probepo.methods.pivots import no_pivots
 from probepo.preflight import Findings
 from probepo.schedule import Stage
 from probepo.spend_model import GB, STATED, Estimate, PolicySizes, UpdateShape, estimate, stop_seconds
@@ -34,7 +33,7 @@ def recipe_shape(
         gpus = bool(resources.gpus_per_node or resources.gpus_per_task)
         if model.trainer == "deepspeed":  # the hf trainer holds everything on one rank
             ranks, per_node = resources.nodes * resources.tasks_per_node, resources.tasks_per_node
-    probes = method_for(config.algo.algorithm).pivots is not no_pivots
+    probes = method_for(config.algo.algorithm).probes
     return UpdateShape(
         PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer, tied_parameters=tied),
         ranks=ranks,

@@ -12,7 +12,7 @@ from typing import Literal
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.execution import InlineRunner, StageRunner
-from probepo.schedule import Stage
+from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend, LocalBackend, SlurmBackend
 from slurm.runner import DriverJobRunner, JobRunner
 
@@ -90,6 +90,15 @@ def executor_for(name: str, *, arrays: bool = False) -> Executor:
     if name not in choices:
         raise UnknownExecutor(f"executor {name!r}: choose one of {', '.join(choices)}")
     return EXECUTORS[name]
+
+
+def executor_that_runs(executor: str, checkpoint_every: int) -> str:
+    """`executor`, unless its engines do not stay resident between updates as a recipe's `checkpoint_every`
+    needs (probepo.schedule.resident_refusal); then `resident`. What a site's default becomes for a recipe:
+    the CLI's default and a deployment's form alike."""
+    if resident_refusal(checkpoint_every) and not executor_for(executor).resident:
+        return "resident"
+    return executor
 
 
 def make_runner(name: str, profile: ExecutionProfile | None = None) -> StageRunner:

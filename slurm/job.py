@@ -20,7 +20,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -59,33 +60,90 @@ def requeue_self() -> bool:
 
 
 RESTARTS_BEFORE_GIVING_UP = 3
-"""An array task requeued this many times that stops again without keeping anything new leaves instead of
+"""An array task requeued this many times that stops again without committing anything new leaves instead of
 requeueing itself (its progress stays for the next night): a task whose shards take longer than its time
 limit must not requeue forever."""
 
 
+class TaskAbandoned(BaseException):
+    """Raised by an array task's stop signal out of whatever the task was doing. Not an Exception, so that
+    no engine's or library's `except Exception` takes it for an error of its own."""
+
+
+class AbandoningStop(StopFlag):
+    """An array task's stop flag. USR2 (a preemption, or the time limit's warning `signal_grace_s` before
+    it) or SIGTERM raises it and abandons what the task is doing at once (TaskAbandoned): the engine call in
+    flight, the grading, a download. Only a commit (`held`) is never cut: a stop during one takes effect as
+    it ends. Every write of an evaluation is one object, whole or absent, so an abandoned task leaves what a
+    killed one would, tidily: the grace window need only cover the task's leaving (seconds), never a shard
+    of work. `commits`: how many held sections this run of the task completed (its progress)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.commits = 0
+        self._holding = False
+        self._settled = False
+
+    def settle(self) -> None:
+        """The work is over (returned, or stopped): a signal from now on only raises the flag, as the
+        SIGTERM of the task's own `scontrol requeue` does."""
+        self._settled = True
+
+    def _abandon(self) -> None:
+        if not self._settled:  # once: the unwinding's cleanup must not be cut again
+            self._settled = True
+            raise TaskAbandoned(f"stopped by a signal after {self.commits} commits of this run")
+
+    def signalled(self, signum: int, frame: object) -> None:
+        self.raised = True
+        if not self._holding:
+            self._abandon()
+
+    @contextmanager
+    def held(self) -> Iterator[None]:
+        """A commit: a stop signal inside waits for its end."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        self.commits += 1
+        if self.raised:
+            self._abandon()
+
+    def install(self) -> AbandoningStop:
+        for signum in (signal.SIGUSR2, signal.SIGTERM):
+            signal.signal(signum, self.signalled)
+        return self
+
+
 def run_array_task(fn: Callable[[Any, Callable[[], bool]], Any], item: Any) -> Any:
-    """One task of a job array: `fn(item, should_stop)`, the flag raised by USR2 (a preemption, or the time
-    limit's warning `signal_grace_s` before it) or SIGTERM. Stopped at a safe point (Preempted), the task
-    requeues itself (`scontrol requeue`: a time limit ends as a preemption does) and its next run, on any
-    node, goes on from what was kept; unless it kept nothing new and was requeued RESTARTS_BEFORE_GIVING_UP
+    """One task of a job array: `fn(item, should_stop)` under an AbandoningStop, which USR2 (a preemption,
+    or the time limit's warning `signal_grace_s` before it) or SIGTERM raises, abandoning `fn` at once but
+    for a commit. Stopped (abandoned, or Preempted at a safe point of its own), the task requeues itself
+    (`scontrol requeue`: a time limit ends as a preemption does) and its next run, on any node, goes on
+    from what was committed; unless it committed nothing new and was requeued RESTARTS_BEFORE_GIVING_UP
     times already, when it fails with that reason."""
-    flag = _install_stop_flag()
+    flag = AbandoningStop().install()
     try:
-        return fn(item, flag)
-    except Preempted as exc:
+        try:
+            return fn(item, flag)
+        finally:
+            flag.settle()  # from here a signal only raises the flag (our own requeue sends SIGTERM)
+    except (Preempted, TaskAbandoned) as exc:
         print(f"probepo: {exc}", file=sys.stderr, flush=True)
+        progressed = exc.progressed if isinstance(exc, Preempted) else flag.commits > 0
         restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
-        if (exc.progressed or restarts < RESTARTS_BEFORE_GIVING_UP) and requeue_self():
+        if (progressed or restarts < RESTARTS_BEFORE_GIVING_UP) and requeue_self():
             print(
                 f"probepo: requeued array task {os.environ.get('SLURM_JOB_ID')}", file=sys.stderr, flush=True
             )
             sys.exit(PREEMPTED_EXIT)  # not an Exception: submitit writes no result for a requeued job
         raise RuntimeError(
-            f"{exc}; stopped after {restarts} requeues without keeping anything new (or outside SLURM): its"
-            " progress is kept for the next run; give the eval_task more time (time_min) if a shard takes"
-            " longer than the time limit leaves"
-        ) from exc
+            f"{exc}; stopped after {restarts} requeues without committing anything new (or outside SLURM):"
+            " its progress is kept for the next run; give the eval_task more time (time_min) if a shard"
+            " takes longer than the time limit leaves"
+        ) from None
 
 
 def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:

@@ -12,6 +12,8 @@ store before waiting, watch it, and decide what its end means.
   from the store's markers, never from the scheduler.
 - A driver that starts closes the records of the run's jobs that ended while no driver watched (judged
   from the store as above), so `probepo jobs` shows what they did.
+
+Counting deaths in a row and closing unwatched records are slurm/job_ends.py's.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome
 from slurm.accounting import JobCost, JobInfo
 from slurm.backends import Backend, JobFunction, SubmitFailed, SubmitTransient
 from slurm.job import run_driver_job, run_stage_job
+from slurm.job_ends import Deaths, close_unwatched
 from slurm.logs import log_path
 
 SUBMIT_TRIES = 4
@@ -102,21 +104,23 @@ class JobRunner:
         self.submissions = 0
         """Jobs this runner submitted (re-attaching submits nothing)."""
         self._swept: set[str] = set()
-        """Runs whose jobs that ended unwatched this runner has closed (`_close_unwatched`)."""
+        """Runs whose jobs that ended unwatched this runner has closed (once per run: `close_unwatched`)."""
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
         store = ctx.store
-        self._close_unwatched(store, request)
+        if request.run_id not in self._swept:
+            self._swept.add(request.run_id)
+            close_unwatched(self, store, request)
         job = self._in_flight(store, request)
-        died, since = 0, ""  # deaths in a row (none of them after any commit of the job's), since when
+        deaths = Deaths()
         while True:
             if job is None:
                 job = self._submit(store, request)
             wait = functools.partial(self._wait, store, request, job, ctx)
             info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
-            outcome, attempt = self._judged(store, request, job)
+            outcome, attempt = self.judged(store, request, job)
             if outcome == JobOutcome.COMMITTED:
-                self._close(store, request, job, info, outcome)
+                self.close(store, request, job, info, outcome)
                 return
             tail = self.backend.stderr_tail(Path(job["folder"]), job["job_id"])
             where = (
@@ -125,23 +129,17 @@ class JobRunner:
             )
             if outcome == JobOutcome.FAILED:
                 error = AttemptOutcome.error_of(attempt or {})
-                self._close(store, request, job, info, outcome, error=error)
+                self.close(store, request, job, info, outcome, error=error)
                 raise StageFailed(f"{where}, the stage failed: {error}; end of its stderr:\n{tail}")
-            self._close(store, request, job, info, outcome)
+            self.close(store, request, job, info, outcome)
             if outcome == JobOutcome.DIED:  # died without committing the stage (or never started)
-                # a job that committed part of its work (a shard, a part, an update) made progress: a
-                # weeks-long run is stopped by deaths in a row, never by two deaths days apart
                 progressed = self._progress(store, request) > job.get("progress_at_submit", 0)
-                died, since = (1, job["ended_at"]) if progressed or not died else (died + 1, since)
-                if died > self.profile.max_resubmits:
-                    raise StageFailed(
-                        f"{where} without committing: {died} deaths in a row since {since}, none after"
-                        f" a commit of its work (max_resubmits = {self.profile.max_resubmits}); end of its"
-                        f" stderr:\n{tail}"
-                    )
+                deaths.died(job["ended_at"], progressed)
+                if too_many := deaths.too_many(self.profile.max_resubmits):
+                    raise StageFailed(f"{where} without committing: {too_many}; end of its stderr:\n{tail}")
             job = None
 
-    def _judged(
+    def judged(
         self, store: ArtifactStore, request: StageRequest, job: Mapping[str, Any]
     ) -> tuple[JobOutcome, dict[str, Any] | None]:
         """What an ended job's end means, from the store (never from the scheduler's state), and the job's
@@ -159,32 +157,6 @@ class JobRunner:
         levels). Grows whenever a job commits any of it."""
         names = store.committed_stages(request.run_id, request.update)
         return sum(name == request.stage or name.startswith(f"{request.stage}.") for name in names)
-
-    def _close_unwatched(self, store: ArtifactStore, request: StageRequest) -> None:
-        """Once per run: close the records of this executor's jobs of the run that ended while no driver
-        watched (a driver killed while they ran), judged as `run` judges an ending, so `probepo jobs` shows
-        what they did. Jobs still pending or running stay open, and so does the last job of the stage at
-        hand: its driver re-attaches to them (reporting a failure as a watched one would)."""
-        if request.run_id in self._swept:
-            return
-        self._swept.add(request.run_id)
-        records = self.open_jobs(store, request.run_id)
-        if not records:
-            return
-        ids = {str(r["job_id"]): r.get("submitted_epoch", 0.0) for r in records}
-        infos = self.backend.states(list(ids), ids)
-        for record in records:
-            info = infos[str(record["job_id"])]
-            if info.alive or (record["update"], record["stage"]) == (request.update, request.stage):
-                continue  # alive: re-attached to; the stage at hand: `run` re-attaches and judges it itself
-            at = replace(request, update=record["update"], stage=record["stage"])
-            outcome, attempt = self._judged(store, at, record)
-            error = (
-                {"error": AttemptOutcome.error_of(attempt)}
-                if outcome == JobOutcome.FAILED and attempt
-                else {}
-            )
-            self._close(store, at, dict(record), info, outcome, unwatched="true", **error)
 
     def open_jobs(self, store: ArtifactStore, run_id: str) -> list[dict[str, Any]]:
         """The run's jobs of this executor that no driver saw end (pending, running, or ended unseen)."""
@@ -290,7 +262,7 @@ class JobRunner:
         ]
         return said[-1] if said else None
 
-    def _close(
+    def close(
         self,
         store: ArtifactStore,
         request: StageRequest,
@@ -299,6 +271,7 @@ class JobRunner:
         outcome: JobOutcome,
         **notes: str,
     ) -> None:
+        """Record the job's end: its last state and exit code, what it meant, and `notes`."""
         job.update(state=info.state, exit_code=info.exit_code, outcome=outcome, ended_at=now(), **notes)
         self._record(store, request, job)
 

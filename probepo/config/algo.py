@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -9,7 +10,8 @@ from pydantic import Field, model_validator
 from probepo.config.base import Strict as _Strict
 
 Algorithm = Literal["grpo", "probepo", "vineppo", "rloo", "spo_tree", "treepo"]
-"""The names of probepo.methods.METHODS, one per method (a test keeps the two equal)."""
+"""The names of probepo.methods.METHODS, one per method (a test keeps the two equal); the checks of a
+method's fields are METHOD_CHECKS below."""
 
 
 class AlgoConfig(_Strict):
@@ -127,11 +129,36 @@ class AlgoConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> AlgoConfig:
-        # The method table imports the stages, which import this module: read it when validating.
-        from probepo.methods import method_for
-
-        for check in method_for(self.algorithm).checks:
+        for check in METHOD_CHECKS.get(self.algorithm, ()):
             check(self)
         if min(self.spo_branching) < 1:
             raise ValueError(f"spo_branching = {list(self.spo_branching)}: every level needs >= 1 child")
         return self
+
+
+def probes_fit_budget(algo: AlgoConfig) -> None:
+    need = algo.max_pivots * algo.continuations_per_pivot
+    if need > algo.probe_budget:
+        raise ValueError(
+            f"max_pivots × continuations_per_pivot = {algo.max_pivots} × {algo.continuations_per_pivot}"
+            f" = {need} exceeds probe_budget = {algo.probe_budget}: lower max_pivots or"
+            " continuations_per_pivot, or raise probe_budget"
+        )
+
+
+def first_fork_fits_width(algo: AlgoConfig) -> None:
+    if algo.treepo_first_fork > algo.treepo_width:
+        raise ValueError(
+            f"treepo_first_fork = {algo.treepo_first_fork} exceeds treepo_width = {algo.treepo_width}:"
+            " every path ends as a leaf, so the first fork can be at most the tree's width"
+        )
+
+
+ConfigCheck = Callable[[AlgoConfig], None]
+"""Raises ValueError, naming the fields, when a method cannot run with these settings."""
+METHOD_CHECKS: dict[str, tuple[ConfigCheck, ...]] = {
+    "probepo": (probes_fit_budget,),
+    "treepo": (first_fork_fits_width,),
+}
+"""The consistency checks of the fields a method uses, by method (pure rules of this module: the method
+table, probepo.methods, sits above config and is not read here); a method without checks is absent."""

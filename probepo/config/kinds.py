@@ -7,6 +7,9 @@ from __future__ import annotations
 
 from probepo.config.run import RunConfig
 
+MODEL_COMMON = ("kind",)
+"""ModelConfig's fields that apply to every kind."""
+
 MODEL_FIELDS = {
     "testbed": ("vocab_size", "d_model", "n_layers", "n_heads", "context", "mlp_ratio"),
     "hf": (
@@ -19,7 +22,10 @@ MODEL_FIELDS = {
         "gradient_checkpointing",
     ),
 }
-"""ModelConfig's fields of each kind; `kind` itself applies to every one."""
+"""ModelConfig's fields of each kind (with MODEL_COMMON, every field: tests/unit/test_forms.py checks)."""
+
+TASK_COMMON = ("kind", "seed")
+"""TaskConfig's fields that apply to every kind."""
 
 TASK_FIELDS = {
     "modchain": ("steps", "modulus", "ops"),
@@ -34,7 +40,7 @@ TASK_FIELDS = {
         "benchmarks_root",
     ),
 }
-"""TaskConfig's fields of each kind; `kind` and `seed` apply to every one."""
+"""TaskConfig's fields of each kind (with TASK_COMMON, every field)."""
 
 SECTIONS_OF_MODEL = {"testbed": ("warmup",), "hf": ()}
 """RunConfig's sections only one model kind reads."""

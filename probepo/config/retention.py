@@ -28,9 +28,10 @@ class Retention(Strict):
     lacks an evaluation on `evaluation_suites` (one the run made itself counts: the nightly takes its
     numbers); None: no such guard, the two settings above alone decide."""
 
-    evaluation_suites: tuple[str, ...] | None = None
+    evaluation_suites: tuple[str, ...] | None = Field(None, min_length=1)
     """The suites the nightly evaluation runs, for `pending_evaluation`; None (the nightly's default too):
-    each run's own, its `eval.benchmarks` (a maths run's six) or else its held-out split."""
+    each run's own, its `eval.benchmarks` (a maths run's six at the study's k) or else its held-out split.
+    Not empty: leave it unset for each run's own."""
 
     @property
     def keeps_everything(self) -> bool:

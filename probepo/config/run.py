@@ -273,7 +273,8 @@ class EvalConfig(_Strict):
     """Evaluate the policy every this many updates (and before the first and after the last)."""
 
     problems: int = Field(1024, ge=1)
-    """Eval-split problems 0..problems-1 (the same set for every run with the same task seed)."""
+    """Eval-split problems 0..problems-1 (the same set for every run with the same task seed), each once: a
+    split of fixed size (a maths task's eval set, math500 by default) gives at most all of its problems."""
 
     samples_per_problem: int = Field(1, ge=1)
     """k of Mean@k: samples per problem, each graded; accuracy averages them."""
@@ -384,51 +385,15 @@ class RunConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:
+        """The rules across task and model that need neither the task nor its files; what does
+        (vocabulary, rescue suffix, context, benchmark names) is probepo.recipe_checks', run where a
+        recipe is composed."""
         testbed_task, testbed_model = self.task.kind in TESTBED_TASKS, self.model.kind == "testbed"
         if testbed_task != testbed_model:
             raise ValueError(
                 f"task.kind = {self.task.kind} needs model.kind = {'testbed' if testbed_task else 'hf'}"
                 f" (got {self.model.kind}): testbed tasks train the testbed GPT, maths a Hugging Face model"
             )
-        if not testbed_model:
-            return self._fits_a_real_model()
-        from probepo.data import build_task  # the task modules import this one
-
-        task = build_task(self.task)
-        if self.model.vocab_size != task.tokenizer.vocab_size:
-            raise ValueError(
-                f"model.vocab_size = {self.model.vocab_size} but the {self.task.kind} task's tokenizer has"
-                f" {task.tokenizer.vocab_size} tokens: set model.vocab_size = {task.tokenizer.vocab_size}"
-            )
-        try:
-            suffix = task.tokenizer.encode(self.algo.rescue_suffix) if self.algo.rescue_tokens else []
-        except ValueError as exc:
-            raise ValueError(
-                f"algo.rescue_suffix = {self.algo.rescue_suffix!r} cannot be tokenized by the"
-                f" {self.task.kind} task ({exc}): use the task's own suffix {task.rescue_suffix!r}"
-                " (or algo.rescue_tokens = 0)"
-            ) from None
-        rescue = len(suffix) + self.algo.rescue_tokens if suffix else 0
-        longest = task.longest_prompt() + self.sampling.max_tokens + rescue
-        if longest > self.model.context:
-            raise ValueError(
-                f"model.context = {self.model.context} is shorter than the longest prompt +"
-                f" sampling.max_tokens + rescue = {longest} tokens: raise model.context or lower"
-                " sampling.max_tokens"
-            )
-        return self
-
-    def _fits_a_real_model(self) -> RunConfig:
-        """What can be checked without loading the model: it is named, benchmarks exist. The context length
-        is the model's and is checked when it is loaded."""
-        if not self.model.pretrained:
+        if not testbed_model and not self.model.pretrained:
             raise ValueError("model.kind = hf needs model.pretrained: a folder, a .gguf file, or a hub id")
-        from probepo.data.benchmarks import BENCHMARKS
-
-        unknown = [name for name in (*self.eval.benchmarks, self.task.eval_set) if name not in BENCHMARKS]
-        if unknown:
-            raise ValueError(
-                f"eval.benchmarks / task.eval_set name {', '.join(unknown)}: choose from"
-                f" {', '.join(BENCHMARKS)}"
-            )
         return self

@@ -1,12 +1,26 @@
 """A site's settings: what the Prefect deployments of a team open on (store, executor, profile, and the
 team's own recipe presets). `infra/prefect/deploy.sh` writes them into every deployment's parameters: a
-flow run sees the worker's environment, which the UI's form cannot show or change."""
+flow run sees the worker's environment, which the UI's form cannot show or change. The command line takes
+its default executor and profile from the same file (probepo/cli_site.py)."""
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 from pydantic import Field
 
 from probepo.config.base import Strict
+
+SITE_ENV = "PROBEPO_SITE"
+SITE_FILE = Path(__file__).resolve().parents[2] / "site.yaml"
+"""The checkout's own site file (git-ignored), where PROBEPO_SITE names none."""
+
+
+def site_file(path: Path | None = None) -> Path | None:
+    """The site file in force: `path`, else $PROBEPO_SITE, else `site.yaml` in the checkout, else none."""
+    named = path or (Path(os.environ[SITE_ENV]) if os.environ.get(SITE_ENV) else None)
+    return SITE_FILE if named is None and SITE_FILE.is_file() else named
 
 
 class SiteConfig(Strict):

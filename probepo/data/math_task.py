@@ -84,10 +84,11 @@ def render_prompt(
 class MathTask(Task):
     """Maths problems for a Hugging Face tokenizer and model family.
 
-    `problems` maps each split ("train", "eval") to its problems; `problem(index, split)` is
-    `problems[split][index % len]` (file order, so problem i of the eval split is row i of its set), and
-    the seed only names the task (batches are drawn from it by `Task.batch`). Rewards: 1.0 iff the last
-    `\\boxed{}` of the completion matches one of the golds (probepo.grading, `timeout_s` per answer).
+    `problems` maps each split ("train", "eval") to its problems, in file order: problem i of the eval split
+    is row i of its set, and the held-out suite takes rows 0..n-1 of it, each once (`split_size` bounds n).
+    `problem(index, split)` takes the index modulo the split's size, which only `Task.batch`'s draws over
+    2**40 indices rely on; the seed only names the task. Rewards: 1.0 iff the last `\\boxed{}` of the
+    completion matches one of the golds (probepo.grading, `timeout_s` per answer).
     `instruction` follows the problem in every template; it must ask for a boxed answer.
     """
 

@@ -37,7 +37,6 @@ from torch import Tensor
 
 from probepo import distributed, spend
 from probepo.engines.base import TrainBatch, TrainerState
-from probepo.engines.fingerprint import weights_fingerprint
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
 from probepo.schedule import optimizer_shard_name
@@ -150,34 +149,15 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         loss_total = float(distributed.sum_over_ranks(torch.tensor([loss_sum], dtype=torch.float64)))
         return {"loss": loss_total, "grad_norm": float(grad_norm), **metrics}
 
-    def weights(self) -> dict[str, Tensor]:
-        """A copy of the policy's full state dict on CPU (under ZeRO-3 gathered from every rank's
-        partition: all ranks must call it together)."""
-        import deepspeed
-
-        gathered = deepspeed.zero.GatheredParameters(
-            list(self.model.parameters()), enabled=self.zero_stage == 3
-        )
-        with gathered:
-            copy = {k: v.detach().cpu().clone() for k, v in self.model.state_dict().items()}
-        spend.count("host_copy", spend.tensor_bytes(copy.values()))
-        return copy
-
     @contextmanager
     def live_weights(self) -> Iterator[dict[str, Tensor]]:
         """Every rank's module holds the full weights under ZeRO-1 and 2 (the bf16 or fp32 copy it computes
-        with); under ZeRO-3 they are gathered from the ranks' partitions for the block, on every rank."""
+        with); under ZeRO-3 they are gathered from the ranks' partitions for the block, on every rank (all
+        ranks enter it together: `weights` and `weights_fingerprint` read them through it)."""
         import deepspeed
 
         with deepspeed.zero.GatheredParameters(list(self.model.parameters()), enabled=self.zero_stage == 3):
             yield self.model.state_dict()
-
-    def weights_fingerprint(self) -> str:
-        """Under ZeRO-3 each parameter gathered in turn from its partitions (all ranks together)."""
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(self.model.parameters()), enabled=self.zero_stage == 3):
-            return weights_fingerprint(self.model.state_dict().items())
 
     def state(self) -> TrainerState:
         """This rank's state: the full weights (`model.<name>`), its optimizer shard (`optim.<path>`), and

@@ -21,7 +21,7 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from probepo import distributed
+from probepo import distributed, spend
 
 PRIMES = (2_147_483_629, 2_147_483_587)
 """The two moduli: primes just below 2^31."""
@@ -88,3 +88,17 @@ def weights_fingerprint(named: Iterable[tuple[str, Tensor]]) -> str:
     combined = distributed.sum_over_ranks(total.cpu())
     values = [int(v) % p for v, p in zip(combined.tolist(), PRIMES, strict=True)]
     return f"{values[0]:08x}{values[1]:08x}-{layout.hexdigest()[:16]}"
+
+
+def weights_digest(weights: dict[str, Tensor]) -> str:
+    """sha256 over the weights' names, dtypes, shapes and bytes (in name order): equal iff bitwise equal.
+    The replay check of stores written before `weights_fingerprint` (their optimize summaries hold
+    `policy_sha256`)."""
+    digest = hashlib.sha256()
+    with spend.timed("digest"):
+        for name in sorted(weights):
+            tensor = weights[name].detach().cpu().contiguous()
+            digest.update(f"{name}:{tensor.dtype}:{tuple(tensor.shape)};".encode())
+            digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    spend.count("host_copy", spend.tensor_bytes(weights.values()))  # tobytes copies every weight
+    return digest.hexdigest()

@@ -201,8 +201,10 @@ class TorchTrainerEngine:
         return logp, entropy.detach(), mask
 
     def weights(self) -> dict[str, Tensor]:
-        """A copy of the policy's state dict."""
-        copy = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        """A copy of the policy's state dict on the host, taken from `live_weights` (so an engine that
+        gathers its weights, as ZeRO-3 does, copies them once gathered)."""
+        with self.live_weights() as live:
+            copy = {k: v.detach().to("cpu", copy=True) for k, v in live.items()}
         spend.count("host_copy", spend.tensor_bytes(copy.values()))
         return copy
 
@@ -211,7 +213,9 @@ class TorchTrainerEngine:
         yield self.model.state_dict()  # detached views of the parameters, no copy
 
     def weights_fingerprint(self) -> str:
-        return weights_fingerprint(self.model.state_dict().items())
+        """The fingerprint of `live_weights`, where they are (collective where gathering is)."""
+        with self.live_weights() as live:
+            return weights_fingerprint(live.items())
 
     def state(self) -> TrainerState:
         """Model weights (`model.<name>`), AdamW moments and step counts (`optim.<param>.<key>`), and

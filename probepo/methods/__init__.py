@@ -1,8 +1,13 @@
 """The methods, as one table: each `algo.algorithm` is one frozen `Method` in METHODS, and the stages, the
 CLI and the science bench read it; no stage compares method names. verl's estimator registry is the model.
 
+The table sits below the stages: its entries are data and pure rules over update k's inputs
+(`inputs.UpdateInputs`, which the stages provide from the store), so it imports nothing above the config,
+the maths and the engines' data types.
+
 Adding a method (docs/DESIGN.md, "Adding a method"): its maths in probepo/algo with a loop reference in
-tests/unit, one entry here, its name in `probepo.config.algo.Algorithm`.
+tests/unit, one entry here, its name in `probepo.config.algo.Algorithm` (and any check of its fields in
+`probepo.config.algo.METHOD_CHECKS`).
 """
 
 from __future__ import annotations
@@ -10,41 +15,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from probepo.config.algo import AlgoConfig
 from probepo.methods import advantages, pivots, trees
 from probepo.methods.advantages import AdvantageRule
+from probepo.methods.inputs import TrainingRows, UpdateInputs
 from probepo.methods.pivots import PivotRule
 from probepo.methods.trees import TreeGrower
-from probepo.stages.common import Rollouts, TrainingRows
-from probepo.stages.context import StageContext
 
-RowRule = Callable[[StageContext, Rollouts], TrainingRows]
-"""(context of update k, its rollouts) -> the rows that score, advantage and optimize work on."""
-ConfigCheck = Callable[[AlgoConfig], None]
-"""Raises ValueError, naming the fields, when the method cannot run with these settings."""
+RowRule = Callable[[UpdateInputs], TrainingRows]
+"""(update k's inputs) -> the rows that score, advantage and optimize work on."""
 
 
-def response_rows(ctx: StageContext, rollouts: Rollouts) -> TrainingRows:
+def response_rows(inputs: UpdateInputs) -> TrainingRows:
     """One row per response (a TreePO leaf's response is its whole path)."""
-    return TrainingRows(rollouts.prompts, rollouts.responses)
-
-
-def probes_fit_budget(algo: AlgoConfig) -> None:
-    need = algo.max_pivots * algo.continuations_per_pivot
-    if need > algo.probe_budget:
-        raise ValueError(
-            f"max_pivots × continuations_per_pivot = {algo.max_pivots} × {algo.continuations_per_pivot}"
-            f" = {need} exceeds probe_budget = {algo.probe_budget}: lower max_pivots or"
-            " continuations_per_pivot, or raise probe_budget"
-        )
-
-
-def first_fork_fits_width(algo: AlgoConfig) -> None:
-    if algo.treepo_first_fork > algo.treepo_width:
-        raise ValueError(
-            f"treepo_first_fork = {algo.treepo_first_fork} exceeds treepo_width = {algo.treepo_width}:"
-            " every path ends as a leaf, so the first fork can be at most the tree's width"
-        )
+    return TrainingRows(inputs.rollouts.prompts, inputs.rollouts.responses)
 
 
 @dataclass(frozen=True)
@@ -66,8 +49,11 @@ class Method:
     rows: RowRule = response_rows
     """score, advantage and optimize: the training rows (score computes their old log-probs and
     entropies)."""
-    checks: tuple[ConfigCheck, ...] = ()
-    """Consistency checks of the algo fields the method uses, run when the config is validated."""
+
+    @property
+    def probes(self) -> bool:
+        """Whether the method continues prefixes (select places pivots, probe samples from them)."""
+        return self.pivots is not pivots.no_pivots
 
 
 METHODS: dict[str, Method] = {
@@ -81,7 +67,6 @@ METHODS: dict[str, Method] = {
         "sparse entropy-selected probes redistribute each response's GRPO advantage across its tokens",
         advantages.redistributed,
         pivots=pivots.budgeted_pivots,
-        checks=(probes_fit_budget,),
     ),
     "vineppo": Method(
         "VinePPO-dense",
@@ -107,7 +92,6 @@ METHODS: dict[str, Method] = {
         "an adaptive tree per prompt, each leaf path trained on its nested-subgroup advantage",
         advantages.treepo,
         tree=trees.grow_treepo,
-        checks=(first_fork_fits_width,),
     ),
 }
 

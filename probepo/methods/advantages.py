@@ -1,8 +1,9 @@
 """Advantage rules: a method's token advantages for the update's training rows (ALGORITHM.md §1, §4, §6;
 the tree baselines: BASELINES.md), with the diagnostics the advantage stage commits beside them.
 
-Each rule returns (tensors, summary): `advantages` [R, T] float32 over the R training rows, optionally
-LOSS_MASK [R, T] bool (the tokens in the loss), and a flat dict of floats.
+Each rule is pure: (the algo config, update k's inputs) -> (tensors, summary): `advantages` [R, T] float32
+over the R training rows, optionally LOSS_MASK [R, T] bool (the tokens in the loss), and a flat dict of
+floats.
 """
 
 from __future__ import annotations
@@ -22,19 +23,20 @@ from probepo.algo.advantage import (
 from probepo.algo.spo_tree import spo_token_advantages, spo_tree_advantages
 from probepo.algo.tree import leaf_ancestors
 from probepo.algo.treepo import treepo_advantages, treepo_normalize
-from probepo.schedule import Stage
-from probepo.stages.common import LOSS_MASK, PIVOTS, SCORES, VALUES, Rollouts, read_tensors, read_tree
-from probepo.stages.context import StageContext
+from probepo.config.algo import AlgoConfig
+from probepo.methods.inputs import Rollouts, UpdateInputs
 
-AdvantageRule = Callable[[StageContext, Rollouts], tuple[dict[str, Tensor], dict[str, float]]]
-"""(context of update k, its rollouts) -> (tensors, summary), as above."""
+AdvantageRule = Callable[[AlgoConfig, UpdateInputs], tuple[dict[str, Tensor], dict[str, float]]]
+"""(the run's algo config, update k's inputs) -> (tensors, summary), as above."""
+LOSS_MASK = "loss_mask"
+"""The tensor of the advantage stage's file that, where present, marks the tokens in the loss (spo_tree's
+probability mask)."""
 
 
-def redistributed(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
+def redistributed(algo: AlgoConfig, inputs: UpdateInputs) -> tuple[dict[str, Tensor], dict[str, float]]:
     """GRPO's advantage per response, redistributed across its tokens by the probed prefix values (§4);
     with no pivots (GRPO) every token gets exactly the response's advantage."""
-    algo = ctx.config.algo
-    pivots, values = _probed(ctx)
+    rollouts, pivots, values = inputs.rollouts, inputs.pivots, inputs.values
     mean, std = group_stats(rollouts.rewards, rollouts.group)
     seq_adv = group_advantages(
         rollouts.rewards, rollouts.group, scale=algo.advantage_scale, eps=algo.advantage_eps
@@ -53,10 +55,9 @@ def redistributed(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tens
     return _per_response(rollouts, seq_adv, token_adv, std)
 
 
-def dense_monte_carlo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
+def dense_monte_carlo(algo: AlgoConfig, inputs: UpdateInputs) -> tuple[dict[str, Tensor], dict[str, float]]:
     """VinePPO's: each segment's value difference, whitened over the batch, no GRPO term (§6)."""
-    algo = ctx.config.algo
-    pivots, values = _probed(ctx)
+    rollouts, pivots, values = inputs.rollouts, inputs.pivots, inputs.values
     mean, std = group_stats(rollouts.rewards, rollouts.group)
     seq_adv = group_advantages(  # only for the diagnostics, comparable with GRPO's
         rollouts.rewards, rollouts.group, scale=algo.advantage_scale, eps=algo.advantage_eps
@@ -65,17 +66,17 @@ def dense_monte_carlo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, 
     return _per_response(rollouts, seq_adv, token_adv, std)
 
 
-def leave_one_out(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
+def leave_one_out(algo: AlgoConfig, inputs: UpdateInputs) -> tuple[dict[str, Tensor], dict[str, float]]:
     """RLOO's: the response's reward minus the mean of its group's other rewards, on every token."""
+    rollouts = inputs.rollouts
     seq_adv = rloo_advantages(rollouts.rewards, rollouts.group)
     _, std = group_stats(rollouts.rewards, rollouts.group)
     return _per_response(rollouts, seq_adv, torch.where(rollouts.mask, seq_adv[:, None], 0.0), std)
 
 
-def spo_tree(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
+def spo_tree(algo: AlgoConfig, inputs: UpdateInputs) -> tuple[dict[str, Tensor], dict[str, float]]:
     """SPO-tree: one row per edge, every token with the edge's advantage, masked and whitened (§SPO-tree)."""
-    algo = ctx.config.algo
-    tree, scores = read_tree(ctx), read_tensors(ctx, Stage.SCORE, SCORES)
+    rollouts, tree, scores = inputs.rollouts, inputs.tree, inputs.scores
     edges = tree["parent"] >= 0
     edge_adv = spo_tree_advantages(
         tree["parent"], tree["depth"], _node_rewards(tree, rollouts), adv=algo.spo_adv
@@ -96,11 +97,10 @@ def spo_tree(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], 
     return tensors, summary
 
 
-def treepo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], dict[str, float]]:
+def treepo(algo: AlgoConfig, inputs: UpdateInputs) -> tuple[dict[str, Tensor], dict[str, float]]:
     """TreePO: one row per leaf path, every token with its nested-subgroup advantage, normalised over the
     batch's response tokens (§TreePO 5–8)."""
-    algo = ctx.config.algo
-    tree = read_tree(ctx)
+    rollouts, tree = inputs.rollouts, inputs.tree
     leaves, ancestors = leaf_ancestors(tree["parent"], tree["depth"])
     rows = tree["row"][leaves]
     leaf_adv = treepo_advantages(ancestors, rollouts.rewards[rows], agg=algo.treepo_agg)
@@ -115,12 +115,6 @@ def treepo(ctx: StageContext, rollouts: Rollouts) -> tuple[dict[str, Tensor], di
     }
     token_adv = torch.where(rollouts.mask, seq_adv[:, None], 0.0)
     return {"advantages": token_adv.float().contiguous()}, summary
-
-
-def _probed(ctx: StageContext) -> tuple[Tensor, Tensor]:
-    """The update's pivots [N, M] (select) and their prefix values [N, M] (probe)."""
-    pivots = read_tensors(ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
-    return pivots, read_tensors(ctx, Stage.PROBE, VALUES)["values"]
 
 
 def _per_response(

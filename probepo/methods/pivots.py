@@ -1,7 +1,7 @@
 """Pivot rules: where a method starts its probes (ALGORITHM.md §2, §6), reward-free.
 
-Each rule maps the update's rollouts to [N, M] long pivot positions (-1 = none); the select stage commits
-them and the probe stage continues each pivot's prefix.
+Each rule is pure: (the algo config, update k's inputs, the select stage's seed) -> [N, M] long pivot
+positions (-1 = none); the select stage commits them and the probe stage continues each pivot's prefix.
 """
 
 from __future__ import annotations
@@ -13,51 +13,41 @@ from torch import Tensor
 
 from probepo.algo.advantage import group_stats
 from probepo.algo.pivots import random_pivots, select_pivots, step_candidates, window_max
-from probepo.schedule import Stage
-from probepo.stages.common import SCORES, Rollouts, read_tensors, task_of
-from probepo.stages.context import StageContext
+from probepo.config.algo import AlgoConfig
+from probepo.methods.inputs import Rollouts, UpdateInputs
 
-PivotRule = Callable[[StageContext, Rollouts], Tensor]
-"""(context of update k, its rollouts) -> [N, M] long pivot positions, -1 = none."""
+PivotRule = Callable[[AlgoConfig, UpdateInputs, int], Tensor]
+"""(the run's algo config, update k's inputs, the select stage's seed) -> [N, M] long pivot positions,
+-1 = none."""
 
 
-def no_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
+def no_pivots(algo: AlgoConfig, inputs: UpdateInputs, seed: int) -> Tensor:
     """No probes: [N, 0]."""
-    return torch.full((len(rollouts.responses), 0), -1, dtype=torch.long)
+    return torch.full((len(inputs.rollouts.responses), 0), -1, dtype=torch.long)
 
 
-def budgeted_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
+def budgeted_pivots(algo: AlgoConfig, inputs: UpdateInputs, seed: int) -> Tensor:
     """ProbePO's: up to `max_pivots` step boundaries per group ranked by windowed entropy (or placed at
-    random, the ablation), in groups with at least one finished response (§2)."""
-    algo = ctx.config.algo
+    random, the ablation, drawn from `seed`), in groups with at least one finished response (§2)."""
     if algo.max_pivots == 0:
-        return no_pivots(ctx, rollouts)
+        return no_pivots(algo, inputs, seed)
+    rollouts = inputs.rollouts
     mask = rollouts.mask
     eligible = eligible_rows(rollouts, algo.probe_uniform_groups)
     if algo.selector == "random":
-        generator = torch.Generator().manual_seed(ctx.seed(Stage.SELECT))
+        generator = torch.Generator().manual_seed(seed)
         chosen = random_pivots(mask, rollouts.group, max_pivots=algo.max_pivots, generator=generator)
         return torch.where(eligible[:, None], chosen, -1)
-    entropy = read_tensors(ctx, Stage.SCORE, SCORES)["entropy"]
-    score = window_max(entropy, mask, window=algo.entropy_window)
-    candidates = step_candidates(_step_ends(ctx, rollouts), mask, margin=algo.margin) & eligible[:, None]
+    score = window_max(inputs.scores["entropy"], mask, window=algo.entropy_window)
+    candidates = step_candidates(inputs.step_end, mask, margin=algo.margin) & eligible[:, None]
     return select_pivots(
         score, candidates, rollouts.group, max_pivots=algo.max_pivots, min_spacing=algo.min_spacing
     )
 
 
-def every_boundary(ctx: StageContext, rollouts: Rollouts) -> Tensor:
+def every_boundary(algo: AlgoConfig, inputs: UpdateInputs, seed: int) -> Tensor:
     """VinePPO's: every step boundary of every response (§6); no group is skipped."""
-    return all_positions(step_candidates(_step_ends(ctx, rollouts), rollouts.mask, margin=0))
-
-
-def _step_ends(ctx: StageContext, rollouts: Rollouts) -> Tensor:
-    """[N, T] bool: the task's step-end tokens of each response."""
-    task = task_of(ctx)
-    step_end = torch.zeros_like(rollouts.mask)
-    for row, response in enumerate(rollouts.responses):
-        step_end[row, : len(response)] = torch.tensor(task.step_end(response), dtype=torch.bool)
-    return step_end
+    return all_positions(step_candidates(inputs.step_end, inputs.rollouts.mask, margin=0))
 
 
 def eligible_rows(rollouts: Rollouts, probe_uniform_groups: bool) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from probepo.methods import method_for
 from probepo.schedule import Stage
-from probepo.stages.common import ADVANTAGES, Rollouts
+from probepo.stages.common import ADVANTAGES, StageInputs
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
 
@@ -14,5 +14,5 @@ STAGE = Stage.ADVANTAGE
 
 def run(ctx: StageContext) -> None:
     advantage = method_for(ctx.config.algo.algorithm).advantage
-    tensors, summary = advantage(ctx, Rollouts.read(ctx))
+    tensors, summary = advantage(ctx.config.algo, StageInputs(ctx))
     ctx.commit(STAGE, {ADVANTAGES: tensors_to_bytes(tensors)}, summary)

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 from probepo.engines.base import TrainBatch
 from probepo.methods import method_for
+from probepo.methods.advantages import LOSS_MASK
+from probepo.methods.inputs import TrainingRows
 from probepo.schedule import Stage
-from probepo.stages.common import ADVANTAGES, LOSS_MASK, SCORES, Rollouts, TrainingRows, read_tensors
+from probepo.stages.common import ADVANTAGES, SCORES, StageInputs, read_tensors
 from probepo.stages.context import StageContext
 
 
-def training_rows(ctx: StageContext, rollouts: Rollouts) -> TrainingRows:
+def training_rows(ctx: StageContext) -> TrainingRows:
     """The training rows of update k under the run's method (`Method.rows`)."""
-    return method_for(ctx.config.algo.algorithm).rows(ctx, rollouts)
+    return method_for(ctx.config.algo.algorithm).rows(StageInputs(ctx))
 
 
 def training_batch(ctx: StageContext) -> TrainBatch:
     """Update k's training data as committed: the training rows, their old log-probs and token advantages.
     Where the advantage stage committed a loss mask (spo_tree), the rows it leaves empty are dropped."""
-    rows = training_rows(ctx, Rollouts.read(ctx))
+    rows = training_rows(ctx)
     old_logp = read_tensors(ctx, Stage.SCORE, SCORES)["logp"]
     advantages = read_tensors(ctx, Stage.ADVANTAGE, ADVANTAGES)
     loss_mask = advantages.get(LOSS_MASK)

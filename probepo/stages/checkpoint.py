@@ -9,11 +9,13 @@ from __future__ import annotations
 from typing import Any
 
 from probepo.engines.base import TrainerEngine
+from probepo.engines.build import model_dtype, new_trainer
 from probepo.models.gpt import load_model
 from probepo.schedule import Stage
 from probepo.stages import warmup
+from probepo.stages.committed import saved_trainer
 from probepo.stages.context import StageContext
-from probepo.stages.policy import keep_trainer, model_dtype, new_trainer, saved_trainer
+from probepo.stages.policy import keep_trainer
 
 STAGE = Stage.CHECKPOINT
 
@@ -30,14 +32,14 @@ def _from_warmup(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
     for name in warmup.MODEL_FILES:
         ctx.store.download_stage_file(source, 0, warmup.STAGE, name, folder / name)
     summary = {"warmup_run": source, "warmup_accuracy": marker["summary"]["accuracy"]}
-    return new_trainer(ctx, load_model(folder)), summary
+    return new_trainer(ctx.config, load_model(folder)), summary
 
 
 def _from_pretrained(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
     from probepo.engines.hf import load_policy
 
     model, tokenizer = load_policy(ctx.config.model.pretrained, dtype=model_dtype(ctx.config.model))
-    return new_trainer(ctx, model, tokenizer), {"pretrained": ctx.config.model.pretrained}
+    return new_trainer(ctx.config, model, tokenizer), {"pretrained": ctx.config.model.pretrained}
 
 
 def run(ctx: StageContext) -> None:

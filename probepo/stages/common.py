@@ -1,5 +1,6 @@
 """What several stages share: the task, the names of their files, and the committed inputs of update k
-(rollouts, trees, tensors). The training batch: batch.py; the engines on policy k: policy.py."""
+(rollouts, trees, tensors), which the method table's rules read through `StageInputs`. The training batch:
+batch.py; the engines on policy k: policy.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from torch import Tensor
 from probepo.config import SamplingConfig
 from probepo.data import Problem, Task, build_task
 from probepo.engines.base import SamplingParams
+from probepo.methods.inputs import Rollouts
 from probepo.presets import ConfigError
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
@@ -28,9 +30,7 @@ PIVOTS = "pivots.safetensors"
 VALUES = "values.safetensors"
 """The probe stage's [N, M] prefix `values` and their counts (successes, trials, rescued)."""
 ADVANTAGES = "advantages.safetensors"
-LOSS_MASK = "loss_mask"
-"""The tensor of ADVANTAGES that, where present, marks the tokens in the loss (spo_tree's probability
-mask)."""
+"""The advantage stage's `advantages` [R, T] and, for spo_tree, its loss mask (methods.advantages)."""
 
 
 def task_of(ctx: StageContext) -> Task:
@@ -77,48 +77,26 @@ class GradedProblem(Problem):
     golds: tuple[str, ...] = ()
 
 
-@dataclass
-class Rollouts:
-    """The backbone responses of one update, as committed by the sample stage (N = P·G rows)."""
-
-    group: Tensor
-    """[N] long: the prompt (group) of each response."""
-    prompts: list[list[int]]
-    responses: list[list[int]]
-    rewards: Tensor
-    """[N] float64."""
-    finished: Tensor
-    """[N] bool: the response ended with the stop token (not cut at max_tokens)."""
-    problems: list[Problem]
-    """The problem each response answers (for grading probe continuations)."""
-
-    @classmethod
-    def read(cls, ctx: StageContext) -> Rollouts:
-        table = table_from_parquet(ctx.read(Stage.SAMPLE)[ROLLOUTS])
-        return cls(
-            group=torch.tensor(np.asarray(table["group"]), dtype=torch.long),
-            prompts=[list(map(int, p)) for p in table["prompt_ids"]],
-            responses=[list(map(int, r)) for r in table["response_ids"]],
-            rewards=torch.tensor(np.asarray(table["reward"]), dtype=torch.float64),
-            finished=torch.tensor(np.asarray(table["finish_reason"]) == "stop"),
-            problems=[
-                GradedProblem(prompt, answer, solution, golds=tuple(golds))
-                for prompt, answer, solution, golds in zip(
-                    table["prompt"],
-                    table["answer"],
-                    table["solution"],
-                    table.get("golds") or [[a] for a in table["answer"]],  # rollouts older than golds
-                    strict=True,
-                )
-            ],
-        )
-
-    @cached_property
-    def mask(self) -> Tensor:
-        """[N, T] bool, T the longest response: response tokens, contiguous from position 0."""
-        lengths = torch.tensor([len(r) for r in self.responses])
-        width = int(lengths.max()) if len(lengths) else 0
-        return torch.arange(width)[None, :] < lengths[:, None]
+def read_rollouts(ctx: StageContext) -> Rollouts:
+    """Update k's rollouts as the sample stage committed them."""
+    table = table_from_parquet(ctx.read(Stage.SAMPLE)[ROLLOUTS])
+    return Rollouts(
+        group=torch.tensor(np.asarray(table["group"]), dtype=torch.long),
+        prompts=[list(map(int, p)) for p in table["prompt_ids"]],
+        responses=[list(map(int, r)) for r in table["response_ids"]],
+        rewards=torch.tensor(np.asarray(table["reward"]), dtype=torch.float64),
+        finished=torch.tensor(np.asarray(table["finish_reason"]) == "stop"),
+        problems=[
+            GradedProblem(prompt, answer, solution, golds=tuple(golds))
+            for prompt, answer, solution, golds in zip(
+                table["prompt"],
+                table["answer"],
+                table["solution"],
+                table.get("golds") or [[a] for a in table["answer"]],  # rollouts older than golds
+                strict=True,
+            )
+        ],
+    )
 
 
 def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
@@ -136,10 +114,40 @@ def read_tree(ctx: StageContext) -> dict[str, Tensor]:
     }
 
 
-@dataclass(frozen=True)
-class TrainingRows:
-    """The rows an update trains on: score, advantage and optimize all work on these. Which rows they are is
-    the method's (`Method.rows`): one per response, or one per tree edge for spo_tree."""
+class StageInputs:
+    """Update k's inputs as the method table's rules read them (probepo.methods.inputs.UpdateInputs), from
+    the store: each committed file is read when a rule first asks for it, so a rule that needs no scores
+    (the random selector, GRPO's pivots) reads none."""
 
-    prompts: list[list[int]]
-    responses: list[list[int]]
+    def __init__(self, ctx: StageContext, rollouts: Rollouts | None = None) -> None:
+        self._ctx = ctx
+        if rollouts is not None:
+            self.rollouts = rollouts
+
+    @cached_property
+    def rollouts(self) -> Rollouts:
+        return read_rollouts(self._ctx)
+
+    @cached_property
+    def step_end(self) -> Tensor:
+        task = task_of(self._ctx)
+        step_end = torch.zeros_like(self.rollouts.mask)
+        for row, response in enumerate(self.rollouts.responses):
+            step_end[row, : len(response)] = torch.tensor(task.step_end(response), dtype=torch.bool)
+        return step_end
+
+    @cached_property
+    def scores(self) -> dict[str, Tensor]:
+        return read_tensors(self._ctx, Stage.SCORE, SCORES)
+
+    @cached_property
+    def pivots(self) -> Tensor:
+        return read_tensors(self._ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
+
+    @cached_property
+    def values(self) -> Tensor:
+        return read_tensors(self._ctx, Stage.PROBE, VALUES)["values"]
+
+    @cached_property
+    def tree(self) -> dict[str, Tensor]:
+        return read_tree(self._ctx)

@@ -29,7 +29,8 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(digest[:8], "little") >> 1
 
 
-def _never() -> bool:
+def never_stop() -> bool:
+    """The stop flag of work that nothing preempts (inline, a test): it never rises."""
     return False
 
 
@@ -43,7 +44,7 @@ class StageContext:
     config: RunConfig
     scratch: Path
     """A local folder for temporary files (large checkpoints are written here, then committed)."""
-    should_stop: Callable[[], bool] = field(default=_never)
+    should_stop: Callable[[], bool] = field(default=never_stop)
     """True once a preemption signal arrived: stages check it at safe points and commit partial progress."""
     stage_started: float = field(default_factory=time.perf_counter)
     """When the running stage started (perf_counter); commits record the wall time since then."""

@@ -17,20 +17,16 @@ commits nothing: its optimize reruns whole (it is cheap next to the generation i
 from __future__ import annotations
 
 from probepo import spend
+from probepo.engines.build import load_trainer
 from probepo.engines.trainer import combine_metrics
 from probepo.faults import fault_point
 from probepo.preemption import Preempted
 from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
+from probepo.stages.committed import fetch_policy, saved_trainer
 from probepo.stages.context import StageContext
-from probepo.stages.policy import (
-    FINGERPRINT,
-    fetch_policy,
-    keep_trainer,
-    load_trainer,
-    saved_trainer,
-    trainer_engine,
-)
+from probepo.stages.policy import keep_trainer, trainer_engine
+from probepo.stages.replay import FINGERPRINT
 from probepo.store.retention import PART_PREFIX, holds, is_part
 
 STAGE = Stage.OPTIMIZE
@@ -69,7 +65,7 @@ def run(ctx: StageContext) -> None:
     done = sorted(s for s, marker in parts.items() if marker is not None and holds(marker) == "full")
     history = [_metrics(parts[s]["summary"]) for s in done]
     start = len(done)
-    engine = load_trainer(ctx, fetch_policy(ctx, done[-1])) if done else trainer_engine(ctx)
+    engine = load_trainer(ctx.config, fetch_policy(ctx, done[-1])) if done else trainer_engine(ctx)
     keep_trainer(ctx, None, -1)  # changed in place from here on: resident again once it holds policy k + 1
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start

@@ -16,7 +16,7 @@ from probepo.schedule import Stage
 from probepo.stages.common import (
     PIVOTS,
     VALUES,
-    Rollouts,
+    read_rollouts,
     read_tensors,
     response_budget,
     sampling_params,
@@ -32,7 +32,7 @@ STAGE = Stage.PROBE
 
 def run(ctx: StageContext) -> None:
     algo = ctx.config.algo
-    rollouts = Rollouts.read(ctx)
+    rollouts = read_rollouts(ctx)
     pivots = read_tensors(ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
     successes = torch.zeros(pivots.shape, dtype=torch.float64)
     trials = torch.zeros(pivots.shape, dtype=torch.float64)

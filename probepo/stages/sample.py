@@ -12,13 +12,12 @@ from probepo.algo.advantage import group_stats
 from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
 from probepo.methods import method_for
-from probepo.methods.trees import TreeGrower
+from probepo.methods.trees import Forest, TreeGrower
 from probepo.schedule import Stage
 from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stages.shards import generate_in_shards, graded_over_ranks
-from probepo.stages.trees import Forest
 from probepo.store.formats import table_to_parquet
 
 STAGE = Stage.SAMPLE
@@ -34,7 +33,7 @@ def _sample_trees(
             ctx, f"{STAGE}.{name}", engine, prefixes, n, params, ctx.seed(STAGE, name), limits
         )
 
-    grow(ctx, forest, sample)
+    grow(ctx.config.algo, forest, sample, ctx.seed(STAGE, "restarts"))
     groups: list[list[Completion]] = [[] for _ in forest.prompts]
     for leaf in forest.leaves():
         groups[forest.group[leaf]].append(Completion(forest.path(leaf), forest.finish[leaf]))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from probepo import spend
 from probepo.schedule import Stage
 from probepo.stages.batch import training_rows
-from probepo.stages.common import SCORES, Rollouts
+from probepo.stages.common import SCORES
 from probepo.stages.context import StageContext
 from probepo.stages.policy import scoring_engine
 from probepo.store.formats import tensors_to_bytes
@@ -16,7 +16,7 @@ STAGE = Stage.SCORE
 
 
 def run(ctx: StageContext) -> None:
-    rows = training_rows(ctx, Rollouts.read(ctx))
+    rows = training_rows(ctx)
     engine = scoring_engine(ctx)
     with spend.timed("scoring"):
         logp, entropy, mask = engine.score(rows.prompts, rows.responses)

@@ -6,8 +6,9 @@ from __future__ import annotations
 from torch import Tensor
 
 from probepo.methods import method_for
+from probepo.methods.inputs import Rollouts
 from probepo.schedule import Stage
-from probepo.stages.common import PIVOTS, Rollouts
+from probepo.stages.common import PIVOTS, StageInputs, read_rollouts
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
 
@@ -16,11 +17,12 @@ STAGE = Stage.SELECT
 
 def choose_pivots(ctx: StageContext, rollouts: Rollouts) -> Tensor:
     """[N, M] long pivot positions (-1 = none) of the update's responses under the run's method."""
-    return method_for(ctx.config.algo.algorithm).pivots(ctx, rollouts)
+    rule = method_for(ctx.config.algo.algorithm).pivots
+    return rule(ctx.config.algo, StageInputs(ctx, rollouts), ctx.seed(STAGE))
 
 
 def run(ctx: StageContext) -> None:
-    pivots = choose_pivots(ctx, Rollouts.read(ctx))
+    pivots = choose_pivots(ctx, read_rollouts(ctx))
     count = int((pivots >= 0).sum())
     summary = {"pivots": count, "probed_responses": int((pivots >= 0).any(1).sum()) if pivots.numel() else 0}
     ctx.commit(STAGE, {PIVOTS: tensors_to_bytes({"pivot_pos": pivots.contiguous()})}, summary)

@@ -7,7 +7,9 @@ its own (`chunk_seed`), and a call's chunks are the recipe's, so the stage is th
 ranks, whoever made which call.
 
 At a preemption signal a rank claims no further call; every rank then raises Preempted together (the shards
-already committed stay), and the next attempt, on any number of ranks, makes only the missing ones.
+already committed stay), and the next attempt, on any number of ranks, makes only the missing ones. An
+evaluation's array task does not wait for the call in flight: its stop abandons it at once (slurm/job.py:
+AbandoningStop), and its next run makes that call again, the same bits.
 
 Where the shards are kept is a ShardBook: a stage's go to the run's ledger (LedgerShards); an evaluation
 after the fact keeps its own beside the run's evaluations (probepo.evaluations), never in the ledger.

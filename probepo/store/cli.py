@@ -37,14 +37,15 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         help="Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE, else the preset's `store`"
-        f" (train, demo), else {DEFAULT_STORE_URL}.",
+        f" (train, check, demo), else {DEFAULT_STORE_URL}.",
     ),
 ]
 
 
-def store_url(explicit: str | None) -> str:
-    """The store URL to use: the option, else $PROBEPO_STORE, else ./store."""
-    return explicit or os.environ.get("PROBEPO_STORE") or DEFAULT_STORE_URL
+def store_url(explicit: str | None, recipe: str = DEFAULT_STORE_URL) -> str:
+    """The store URL to use, every command alike: the option, else $PROBEPO_STORE, else the recipe's `store`
+    (for a command that reads a recipe), else ./store."""
+    return explicit or os.environ.get("PROBEPO_STORE") or recipe
 
 
 @contextmanager

@@ -129,14 +129,27 @@ class RunLayout:
         """The evaluation of checkpoint `k` on benchmark suite `suite` (nightly or `probepo evaluate`)."""
         return f"{self.evaluations_root}{update(k):06d}/{file_name(suite)}.json"
 
+    @property
+    def evaluation_shards_root(self) -> str:
+        """The progress of every unfinished evaluation of the run (`evaluation_shards`)."""
+        return self.root + "evaluation-shards/"
+
     def evaluation_shards(self, k: int, suite: str) -> str:
         """The prefix of an evaluation's progress (checkpoint `k` on `suite`, after the fact): one object per
-        engine call made, kept until its evaluation is committed. Beside the evaluations, never in the
-        run's ledger: an evaluation after the fact takes no lease and never drives the run."""
-        return f"{self.root}evaluation-shards/{update(k):06d}/{file_name(suite)}/"
+        engine call made, and one per job that worked on it, kept until its evaluation is committed. Beside
+        the evaluations, never in the run's ledger: an evaluation after the fact takes no lease and never
+        drives the run."""
+        return f"{self.evaluation_shards_root}{update(k):06d}/{file_name(suite)}/"
 
     def evaluation_shard(self, k: int, suite: str, name: str) -> str:
         return f"{self.evaluation_shards(k, suite)}{stage(name)}.parquet"
+
+    def evaluation_jobs(self, k: int, suite: str) -> str:
+        """The prefix of the records of the scheduler's jobs that worked on an unfinished evaluation."""
+        return f"{self.evaluation_shards(k, suite)}jobs/"
+
+    def evaluation_job(self, k: int, suite: str, job: str) -> str:
+        return f"{self.evaluation_jobs(k, suite)}{attempt(job)}.json"
 
     @property
     def ledger_root(self) -> str:

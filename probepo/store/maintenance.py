@@ -1,5 +1,5 @@
 """Keeping a store healthy: re-checking every checksum, setting a corrupt commit aside, and collecting
-the attempt folders no marker names."""
+the attempt folders no marker names and the evaluation shards no evaluation will read."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from probepo.store.errors import CorruptArtifact, NotCommitted, ObjectMissing, S
 from probepo.store.formats import from_json_bytes, to_json_bytes
 from probepo.store.keys import RunLayout, new_attempt_id, utc_now
 from probepo.store.lease import take_lease
+from probepo.store.retention import holds
 
 if TYPE_CHECKING:
     from probepo.store.objects import ObjectStore
@@ -36,7 +37,8 @@ class VerifyReport:
 
 @dataclass
 class GcReport:
-    """Orphaned attempt folders found (and removed unless dry run), and those kept because too young."""
+    """Orphaned attempt folders and evaluation shards found (and removed unless dry run), and those kept
+    because too young."""
 
     removed: list[str] = field(default_factory=list)
     bytes: int = 0
@@ -165,7 +167,8 @@ class Maintenance:
         return None
 
     def gc(self, run_id: str, *, min_age_s: float = DEFAULT_GC_MIN_AGE_S, dry_run: bool = False) -> GcReport:
-        """Delete attempt folders no marker names (lost races, killed writers) once older than `min_age_s`.
+        """Delete attempt folders no marker names (lost races, killed writers) once older than `min_age_s`,
+        and the orphaned shards of evaluations after the fact (`_orphaned_evaluation_shards`).
 
         The age guard protects an attempt still uploading (its marker does not exist yet); run gc while
         holding the run's lease (the CLI does) so that no driver is working on the run.
@@ -192,10 +195,39 @@ class Maintenance:
             if now - newest < min_age_s:
                 report.kept_young.append(relative)
                 continue
-            report.removed.append(relative)
-            report.bytes += size
-            if not dry_run:
-                for info in list(self.objects.list(folder)):
-                    self.objects.delete(info.key)
-                self.objects.prune_empty(folder)
+            self._remove(folder, relative, size, report, dry_run)
+        for folder, (newest, size, complete) in self._orphaned_evaluation_shards(layout).items():
+            relative = folder[len(layout.root) :]
+            if not complete and now - newest < min_age_s:
+                report.kept_young.append(relative)
+            else:
+                self._remove(folder, relative, size, report, dry_run)
         return report
+
+    def _remove(self, folder: str, relative: str, size: int, report: GcReport, dry_run: bool) -> None:
+        report.removed.append(relative)
+        report.bytes += size
+        if not dry_run:
+            for info in list(self.objects.list(folder)):
+                self.objects.delete(info.key)
+            self.objects.prune_empty(folder)
+
+    def _orphaned_evaluation_shards(self, layout: RunLayout) -> dict[str, tuple[float, int, bool]]:
+        """The orphaned shards of evaluations after the fact, by folder: (newest object's time, bytes,
+        whether the evaluation is committed). Those of a committed evaluation (its task lost a race, or died
+        before dropping them) nothing reads: a task still reading them finds the evaluation and ends
+        `exists`. Those of a checkpoint without weights (pruned with --delete-unevaluated, invalidated)
+        nothing can finish. The others are a stopped evaluation's progress, which the next night resumes."""
+        found: dict[tuple[int, str], tuple[float, int]] = {}
+        for info in self.objects.list(layout.evaluation_shards_root):
+            parts = info.key[len(layout.evaluation_shards_root) :].split("/")
+            if len(parts) >= 3 and parts[0].isdigit():
+                newest, size = found.get((int(parts[0]), parts[1]), (0.0, 0))
+                found[(int(parts[0]), parts[1])] = (max(newest, info.modified), size + info.size)
+        orphaned = {}
+        for (update, suite), (newest, size) in sorted(found.items()):
+            complete = self.objects.exists(layout.evaluation(update, suite))
+            checkpoint = self.marker(layout.run_id, update, Stage.CHECKPOINT)
+            if complete or checkpoint is None or holds(checkpoint) == "record":
+                orphaned[layout.evaluation_shards(update, suite)] = (newest, size, complete)
+        return orphaned

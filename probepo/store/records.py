@@ -165,9 +165,25 @@ class RunRecords:
     def read_evaluation_shard(self, run_id: str, checkpoint: int, suite: str, name: str) -> bytes:
         return self.objects.get_bytes(RunLayout(run_id).evaluation_shard(checkpoint, suite, name))
 
+    def record_evaluation_job(self, run_id: str, checkpoint: int, suite: str, job: str) -> None:
+        """Note (create-only) that the scheduler's job `job` (as accounting names it) works on the unfinished
+        evaluation of checkpoint `checkpoint` on `suite`: whichever night commits it counts this job's
+        GPU-hours too."""
+        key = RunLayout(run_id).evaluation_job(checkpoint, suite, job)
+        self.objects.put_if_absent(
+            key, to_json_bytes({"job": job, "at": utc_now(), "host": socket.gethostname()})
+        )
+
+    def evaluation_jobs(self, run_id: str, checkpoint: int, suite: str) -> list[str]:
+        """The jobs that worked on the unfinished evaluation of checkpoint `checkpoint` on `suite`, in the
+        order they began."""
+        root = RunLayout(run_id).evaluation_jobs(checkpoint, suite)
+        found = sorted(self.objects.list(root), key=lambda info: (info.modified, info.key))
+        return [info.key[len(root) :].removesuffix(".json") for info in found]
+
     def drop_evaluation_shards(self, run_id: str, checkpoint: int, suite: str) -> int:
-        """Delete an evaluation's shards once it is committed (they hold every completion: at the study's
-        k, college_math's are ~100 MB a checkpoint); returns how many."""
+        """Delete an evaluation's shards (and its jobs' records) once it is committed (they hold every
+        completion: at the study's k, college_math's are ~100 MB a checkpoint); returns how many objects."""
         root = RunLayout(run_id).evaluation_shards(checkpoint, suite)
         found = list(self.objects.list(root))
         for info in found:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import typer
 
-from probepo.cli import _train
+from probepo.cli_train import _train
 from probepo.config import ExecutionProfile
 from probepo.execution import StageRequest
 from probepo.presets import ConfigError
@@ -41,7 +41,8 @@ def _train_with(error: BaseException, tmp_path: Path) -> None:
         quiet=True,
         take_over=False,
         command="probepo train",
-        execution=(Raising(error), ExecutionProfile()),
+        runner=Raising(error),
+        profile=ExecutionProfile(),
     )
 
 

@@ -260,10 +260,27 @@ def test_train_runs_the_checks_first_and_no_check_says_it_skips_them(tmp_path, p
     assert "checks skipped (--no-check)" in skipped.stderr and "refused" not in line and bad in line
 
 
+def test_resume_runs_the_checks_first_and_no_check_says_it_skips_them(warm_store, finished, tmp_path):
+    """A job folder the local executor cannot write: the checks refuse the resume; --no-check skips them
+    and says so, and the finished run needs no job."""
+    (tmp_path / "afile").write_text("not a folder")
+    profile = tmp_path / "profile.yaml"
+    profile.write_text(yaml.safe_dump({"job_folder": str(tmp_path / "afile" / "jobs")}))
+    args = ["resume", finished, "--store", warm_store.url, "--executor", "local", "--profile", str(profile)]
+    args += ["--tensorboard", str(tmp_path / "tb")]
+    line = one_error_line(probepo(*args))
+    assert line.startswith(f"error: refused: job_folder = {tmp_path / 'afile' / 'jobs'}: not writable")
+    assert line.endswith("`probepo check` lists every finding, --no-check skips them")
+    skipped = probepo(*args, "--no-check")
+    assert skipped.returncode == 0, skipped.stderr
+    assert "checks skipped (--no-check)" in skipped.stderr and f"run {finished} is complete" in skipped.stdout
+
+
 def test_check_takes_the_executor_a_run_would_and_says_which(tmp_path):
-    """The testbed on a machine without SLURM passes (inline, its default), and a site file's executor
-    is the default where there is one."""
+    """The testbed on a machine without SLURM (no sbatch on PATH) passes (inline, its default), and a site
+    file's executor is the default where there is one."""
     no_slurm = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "PROBEPO_SITE"))}
+    no_slurm["PATH"] = str(tmp_path / "no-bin")  # python is started by its full path
     command = [
         sys.executable,
         "-m",

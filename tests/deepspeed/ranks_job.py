@@ -12,6 +12,7 @@ from safetensors.torch import save_file
 
 from probepo.config import AlgoConfig, OptimConfig
 from probepo.engines.base import TrainBatch, TrainerEngine
+from probepo.engines.fingerprint import weights_fingerprint
 
 OPTIM = OptimConfig(lr=1e-3, minibatch_size=4, microbatch_size=1, epochs=1, grad_clip=1.0)
 """8 rows per update: 2 mini-batches of 4 micro-batches of one row; on 2 ranks each accumulates 2."""
@@ -93,6 +94,10 @@ def two_updates_on_ranks(model_folder: str, zero_stages: list[int], out: str) ->
         resumed_metrics, resumed = two_updates(engine_on(model_folder), save_and_resume)
         first, again = straight.state().tensors, resumed.state().tensors
         weights = straight.weights()  # under ZeRO-3 gathered collectively
+        with straight.live_weights() as live:  # the hand-off's view: gathered for the block, not copied
+            same = [torch.equal(tensor.cpu(), weights[name]) for name, tensor in live.items()]
+            lent = live.keys() == weights.keys() and all(same)
+        fingerprinted = straight.weights_fingerprint() == weights_fingerprint(weights.items())
         if distributed.rank() == 0:
             tensors = {k: v.contiguous() for k, v in weights.items() if k != "lm_head.weight"}  # tied
             save_file(tensors, folder / "final.safetensors")
@@ -104,6 +109,8 @@ def two_updates_on_ranks(model_folder: str, zero_stages: list[int], out: str) ->
                 "metrics": metrics,
                 "resumed_metrics": resumed_metrics,
                 "shard_tensors": sum(name.startswith("optim.") for name in first),
+                "live_weights_are_the_copy": lent,
+                "fingerprint_of_the_copy": fingerprinted,
                 "resumed_bitwise": first.keys() == again.keys()
                 and all(torch.equal(first[k], again[k]) for k in first),
                 "files": sorted(path.name for path in checkpoint.iterdir()),
@@ -126,8 +133,9 @@ def replay_optimize_on_ranks(
     from probepo.config import RunConfig
     from probepo.schedule import Stage, optimizer_shard_name
     from probepo.stages.batch import training_batch
+    from probepo.stages.committed import at_update, fetch_policy
     from probepo.stages.context import StageContext
-    from probepo.stages.policy import at_update, fetch_policy, restore_trainer
+    from probepo.stages.replay import restore_trainer
     from probepo.store import open_store
 
     _join()

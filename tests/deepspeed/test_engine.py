@@ -63,6 +63,7 @@ def test_two_ranks_in_one_slurm_job_match_the_hugging_face_engine_and_resume_bit
                 assert ours[key] == pytest.approx(theirs[key], rel=LOSS_RTOL, abs=1e-7), key
         assert result["resumed_metrics"] == result["metrics"] and result["resumed_bitwise"]
         assert result["shard_tensors"] > 0
+        assert result["live_weights_are_the_copy"] and result["fingerprint_of_the_copy"]
     final = load_file(out / f"zero{zero_stage}" / "final.safetensors")
     changed = max(float((weights[k] - initial[k]).abs().max()) for k in final)
     assert changed > 100 * WEIGHT_ATOL  # the updates moved the weights

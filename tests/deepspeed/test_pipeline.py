@@ -44,7 +44,7 @@ def test_a_two_rank_zero3_optimize_job_killed_inside_the_optimizer_resumes_to_th
     preset = tmp_path / "zero3.yaml"
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "zero3"]
-    command += ["--store", store.url, "--quiet"]
+    command += ["--store", store.url, "--quiet", "--executor", "inline"]
     inline = subprocess.run(command, env={**os.environ, CRASH_ENV: "0:advantage:after-commit"}, timeout=600)
     assert inline.returncode == -signal.SIGKILL and store.committed("zero3", 0, "advantage")
 

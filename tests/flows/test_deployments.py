@@ -1,8 +1,9 @@
 """prefect.yaml's deployments on the real server and process worker of infra/prefect: a train run created
 through the API as the UI's Run button does, run by the worker to the same bits as the plain driver;
 parameters that break the schema refused by the API before any flow run exists; a flow-run process killed
-mid-stage, then the resume deployment re-attaching to its job; cancelling; the nightly schedule; and the
-API's basic authentication (every call of these tests, and of the worker, carries the password)."""
+mid-stage, then the resume deployment re-attaching to its job; cancelling; the nightly schedule and each
+nightly run's dated name; and the API's basic authentication (every call of these tests, and of the
+worker, carries the password)."""
 
 from __future__ import annotations
 
@@ -109,6 +110,7 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     from prefect.states import Cancelling
 
     from flows.train import resume as resume_flow
+    from probepo.stages.warmup import warmup_run_id
     from tests.slurm.conftest import drill_config
 
     config = drill_config(store=warm_store.url)
@@ -145,6 +147,7 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     assert set(cancellation["jobs"]) <= recorded and not recorded & _in_squeue()
     assert str(created.id) in cancellation["by"]
     assert not [j for j in _jobs("cancelled", warm_store) if j["outcome"] == "open"]
+    assert warm_store.cancellations(warmup_run_id(config)) == []  # its warm-up, made long ago, left alone
     listed = subprocess.run(
         [sys.executable, "-m", "probepo.cli", "store", "ls", "cancelled", "--store", warm_store.url],
         capture_output=True, text=True, timeout=120,
@@ -322,6 +325,24 @@ def test_the_nightly_deployment_is_scheduled_at_two_one_night_at_a_time(deployme
         )
     times = sorted(run.expected_start_time for run in scheduled)
     assert all((t.hour, t.minute) == (2, 0) for t in times) and len({t.date() for t in times}) == len(times)
+
+
+def test_a_nightly_flow_run_is_named_after_the_night_it_was_scheduled_for(deployments):
+    from datetime import UTC, datetime
+
+    from prefect import get_client
+    from prefect.states import Scheduled
+
+    night = datetime(2026, 3, 14, 2, tzinfo=UTC)  # a night gone by: the worker runs it at once
+    with get_client(sync_client=True) as client:
+        created = client.create_flow_run_from_deployment(
+            deployments["nightly-eval/nightly-eval"].id,
+            parameters={"selection": {"runs": ["no-such-run"]}, "executor": "inline"},  # nothing to evaluate
+            state=Scheduled(scheduled_time=night),
+        )
+    run = _wait_for_end(created.id, timeout_s=180)
+    assert run.state.is_completed(), run.state.message
+    assert run.name == "nightly-eval 2026-03-14"
 
 
 def test_the_api_refuses_a_call_without_its_password():

@@ -1,7 +1,7 @@
 """The nightly evaluation against the real Prefect server and SLURM cluster: the selected checkpoints lacking
 an evaluation done once, as one-GPU job array tasks (split to MaxArraySize, throttled), or taken from the
-run's own evaluate stage; a last night doing nothing; and the `evaluate` flow's bad input refused before
-anything is submitted."""
+run's own evaluate stage; a last night doing nothing; a maths checkpoint's six benchmarks and their Avg-6 in
+the artifact; and the `evaluate` flow's bad input refused before anything is submitted."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from probepo.store import open_store
 from tests.flows import NEEDS_PREFECT
 from tests.flows.test_launch import _artifact
 from tests.flows.test_train_flow import _task_run_names
+from tests.pipeline.test_evaluations import math_run
 from tests.slurm.conftest import drill_config
 
 pytestmark = [
@@ -118,6 +119,24 @@ def _array_task_states(array_ids: list[str], timeout_s: float = 60.0) -> list[st
         if time.monotonic() > deadline:
             return tasks
         time.sleep(0.5)
+
+
+def test_a_maths_checkpoint_gets_a_row_per_benchmark_and_its_avg6(tmp_path):
+    """The evaluate flow's whole path (flows/evaluate.py: _evaluate) by default on a maths run whose
+    checkpoint has its six benchmarks, taken from its evaluate stage: a row each and the Avg-6 row."""
+    from flows.evaluate import evaluate
+    from probepo.data.benchmarks import AVG6_BENCHMARKS, avg6
+
+    store = open_store(tmp_path / "store")
+    math_run(store, "math-night", updates=(0,), evaluated_in_run=(0,))
+    state = evaluate("math-night", store=store.url, return_state=True)
+    assert state.is_completed(), state.message
+    assert state.result() == {"evaluated": 0, "resumed": 0, "reused": 6, "exists": 0, "failed": 0}
+    rows = json.loads(_artifact("evaluate-math-night-evaluations").data)
+    means = {row["suite"]: row["mean"] for row in rows}
+    assert list(means) == [*AVG6_BENCHMARKS, "avg6"]
+    assert means["avg6"] == avg6({name: means[name] for name in AVG6_BENCHMARKS}) == pytest.approx(0.35)
+    assert {row["status"] for row in rows} == {"complete"}
 
 
 def test_the_evaluate_flow_refuses_bad_input_before_submitting(warm_store):

@@ -70,7 +70,7 @@ def test_the_train_flow_names_every_stage_publishes_artifacts_and_matches_the_dr
     assert set(by_type) >= {"progress", "table", "markdown"}
     assert by_type["progress"].data == 100.0 and "Run flow-train" in by_type["markdown"].data
     assert by_type["progress"].key == "flow-train-progress"
-    assert "2 of 2 updates done" in by_type["progress"].description
+    assert by_type["progress"].description == "run flow-train: 100.0% (2 of 2 updates done)"
     # one metrics table and one chart for the flow run, kept current in place over its 2 updates
     [metrics] = [artifact for artifact in artifacts if artifact.key == "flow-train-metrics"]
     table = json.loads(metrics.data) if isinstance(metrics.data, str) else metrics.data

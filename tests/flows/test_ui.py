@@ -1,9 +1,12 @@
 """Prefect's UI in a real browser (Debian's Chromium, headless, driven by Selenium with the system
 chromedriver), logged in with the API's password: a preset's deployment opens its run form on the recipe,
-field by field with its descriptions; the testbed preset launched by changing two fields completes on the
-site's SLURM executor and its artifacts are listed on its page; the form refuses a value out of range
-naming the field, and a cross-field error ends the flow run at once with one line shown on its page.
-Screenshots are kept in $PROBEPO_TEST_SCREENSHOTS (default out/ui-screenshots)."""
+field by field with its descriptions (the 7B recipe's on resident, the site's profile a choice, executor,
+profile and store first); the testbed preset launched by changing two fields completes on the site's SLURM
+executor and its artifacts are listed on its page; a run shows its percent and curves while it trains,
+and after a Cancel its cancelled job's task run and our line; the form refuses a value out of range naming
+the field, and a cross-field error ends the flow run at once with one line shown on its page. Screenshots
+(and a failed wait's page as HTML) are kept in $PROBEPO_TEST_SCREENSHOTS (default out/ui-screenshots);
+docs/ui/ holds copies of those README shows."""
 
 from __future__ import annotations
 
@@ -58,6 +61,7 @@ def _until(driver, condition: Callable[[], object], what: str, timeout_s: float 
             return value
         time.sleep(0.5)
     driver.save_screenshot(str(SHOTS / "failed.png"))
+    (SHOTS / "failed.html").write_text(driver.page_source)
     raise AssertionError(f"the UI did not show {what} within {timeout_s} s (screenshots: {SHOTS})")
 
 
@@ -105,12 +109,14 @@ def _log_in(driver, ui: str) -> None:
 
 
 def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_shows_its_artifacts(
-    deployments, warm_store, browser
+    deployments, site, warm_store, browser
 ):
     """The testbed preset, 2 updates instead of 1, on the site's SLURM executor: two fields changed."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from selenium.webdriver.common.by import By
+
+    from flows.deployments import load_site, site_profiles
 
     ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
     train, run_id = deployments[f"train/{TESTBED}"], f"ui-{uuid.uuid4().hex[:8]}"
@@ -130,11 +136,11 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     assert {job["update"] for job in warm_store.jobs(run_id)} == {0, 1, 2}  # SLURM jobs: the site's executor
 
     browser.get(f"{ui}/runs/flow-run/{flow_run_id}")
-    tab = "li.p-tab#artifacts"
-    _until(browser, lambda: browser.find_elements(By.CSS_SELECTOR, tab), "the run's Artifacts tab")[0].click()
+    _tab(browser, "artifacts")
     keys = (f"{run_id}-progress", f"{run_id}-metrics", f"{run_id}-curves", f"{run_id}-report")
     _until(browser, lambda: all(key in _body(browser) for key in keys), "the run's four artifacts")
-    _until(browser, lambda: "2 of 2 updates done" in _body(browser), "the progress as updates done")
+    said = "100.0% (2 of 2 updates done)"
+    _until(browser, lambda: said in _card(browser, f"{run_id}-progress"), "the progress card at 100.0%")
     browser.save_screenshot(str(SHOTS / "train-run-artifacts.png"))
     with get_client(sync_client=True) as client:  # one metrics table for the run, kept current in place
         versions = client.read_artifacts(
@@ -148,10 +154,80 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     values = {label: _field(browser, f"{label} (Optional)", "input").get_attribute("value")
               for label in ("Num Updates", "Margin", "Prompts Per Update")}  # fmt: skip
     assert values == {"Num Updates": "1000", "Margin": "8", "Prompts Per Update": "64"}
-    shown = _body(browser)  # its own model's fields only, no warm-up, on the executor it needs
-    assert "Pretrained (Optional)" in shown and "resident" in shown
+    labels = [label.text for label in browser.find_elements(By.CSS_SELECTOR, ".schema-form-property__label")]
+    first = ["executor (Optional)", "profile (Optional)", "run_id (Optional)", "config", "Store (Optional)"]
+    assert labels[: len(first)] == first, labels[:10]
+    # the site's executor (slurm) cannot run its checkpoint_every 10: it opens on resident
+    assert _chosen(_field(browser, "executor (Optional)", "select")) == "resident"
+    profile = _field(browser, "profile (Optional)", "select")  # a choice of the site's profiles
+    offered = [option.get_attribute("value") for option in profile.find_elements(By.TAG_NAME, "option")]
+    assert offered == site_profiles(*load_site(site)) and _chosen(profile) == offered[0]
+    chosen_kind = _field(browser, "profile (Optional)", "button[@aria-selected='true']")
+    assert chosen_kind.text == "the site's"
+    shown = _body(browser)  # its own model's fields only, no warm-up
+    assert "Pretrained (Optional)" in shown
     assert not [label for label in ("D Model", "Vocab Size", "Modulus", "Accuracy Low") if label in shown]
     browser.save_screenshot(str(SHOTS / "train-run-form-7b.png"))
+
+
+def test_a_run_shows_its_percent_and_curves_while_it_trains_and_its_cancelled_jobs_after_a_cancel(
+    deployments, warm_store, profile_path, browser, tmp_path
+):
+    """Three updates on the SLURM executor, update 1's sample job held before its commit: while it trains,
+    the run's page shows its progress card at 33.3% (1 of 3 updates done) and its curves; cancelled from
+    the page, it shows the held job's task run Cancelled, naming the job, and our line as its state."""
+    from prefect import get_client
+    from selenium.webdriver.common.by import By
+
+    from tests.flows.test_deployments import _wait_until
+    from tests.slurm.conftest import drill_config
+
+    ui = os.environ["PREFECT_API_URL"].removesuffix("/api")
+    train, run_id = deployments[f"train/{TESTBED}"], f"ui-cancel-{uuid.uuid4().hex[:8]}"
+    config = drill_config(store=warm_store.url, num_updates=3)
+    paused, release = tmp_path / "paused", tmp_path / "release"  # never released: the cancel ends the job
+    hold = {"PROBEPO_PAUSE_AT": "1:sample:before-commit", "PROBEPO_PAUSE_MARK": str(paused),
+            "PROBEPO_PAUSE_RELEASE": str(release)}  # fmt: skip
+    parameters = {"config": config.model_dump(mode="json"), "run_id": run_id, "executor": "slurm",
+                  "profile": str(profile_path)}  # fmt: skip
+    with get_client(sync_client=True) as client:
+        created = client.create_flow_run_from_deployment(
+            train.id, parameters=parameters, job_variables={"env": hold}
+        )
+    _wait_until(paused.exists)
+    [held] = warm_store.jobs(run_id, 1, "sample")
+
+    _log_in(browser, ui)
+    browser.get(f"{ui}/runs/flow-run/{created.id}")
+    _tab(browser, "artifacts")
+    progress = f"{run_id}-progress"
+    said = "33.3% (1 of 3 updates done)"  # the card's own line: Prefect's rendering shows only "33%"
+    _until(browser, lambda: said in _card(browser, progress), f"the progress card at {said}")
+    assert f"{run_id}-curves" in _body(browser)
+    with get_client(sync_client=True) as client:
+        assert client.read_flow_run(created.id).state.is_running()  # all this while it trains
+    browser.save_screenshot(str(SHOTS / "train-run-training.png"))
+    _cards(browser)[f"{run_id}-curves"].click()  # the chart, drawn from update 0 so far
+    _until(browser, lambda: "mean reward" in _body(browser) and "updates 0–0" in _body(browser), "the curves")
+    browser.save_screenshot(str(SHOTS / "train-run-curves.png"))
+
+    browser.get(f"{ui}/runs/flow-run/{created.id}")  # the UI's Cancel, then its confirmation
+    _button(browser, "Cancel").click()
+    _button(browser, "Confirm").click()
+    run = _wait_for_end(created.id, timeout_s=120)
+    job = str(held["job_id"])
+    line = f"run {run_id} cancelled; jobs ended: {job}"
+    assert run.state.is_cancelled() and run.state.message == line, run.state
+    browser.refresh()
+    _tab(browser, "details")
+    _until(browser, lambda: _detail(browser, "State Message") == line, "our line as the run's state message")
+    _tab(browser, "task-runs")
+    task = f"sample · update 1 · job {job}"
+    _until(browser, lambda: task in _body(browser), "the held job's task run")
+    assert _task_run_state(browser, task) == "Cancelled"
+    browser.find_element(By.PARTIAL_LINK_TEXT, task).click()
+    _until(browser, lambda: f"job {job} cancelled with the run" in _body(browser), "its state message")
+    browser.save_screenshot(str(SHOTS / "train-run-cancelled.png"))
 
 
 def test_the_form_refuses_a_bad_field_and_the_flow_a_cross_field_error_in_one_line(deployments, browser):
@@ -205,3 +281,58 @@ def _submit(driver) -> None:
     from selenium.webdriver.common.by import By
 
     driver.find_element(By.XPATH, "//button[@type='submit' and normalize-space()='Submit']").click()
+
+
+def _tab(driver, name: str) -> None:
+    """Open the run page's tab `name` (artifacts, task-runs, ...)."""
+    from selenium.webdriver.common.by import By
+
+    tab = f"li.p-tab#{name}"
+    _until(driver, lambda: driver.find_elements(By.CSS_SELECTOR, tab), f"the run's {name} tab")[0].click()
+
+
+def _cards(driver) -> dict[str, object]:
+    """The artifact cards shown, by key."""
+    from selenium.webdriver.common.by import By
+
+    titles = driver.find_elements(By.CSS_SELECTOR, ".artifact-card .artifact-card__title")
+    card = "ancestor::*[contains(concat(' ', @class, ' '), ' artifact-card ')][1]"
+    return {title.text: title.find_element(By.XPATH, card) for title in titles}
+
+
+def _card(driver, key: str) -> str:
+    """The text of the artifact card of `key` ("" while there is none)."""
+    card = _cards(driver).get(key)
+    return card.text if card is not None else ""
+
+
+def _chosen(select) -> str:
+    from selenium.webdriver.support.select import Select
+
+    return Select(select).first_selected_option.get_attribute("value")
+
+
+def _button(driver, text: str):
+    from selenium.webdriver.common.by import By
+
+    path = f"//button[normalize-space()='{text}']"
+    return _until(driver, lambda: driver.find_elements(By.XPATH, path), f"the {text} button")[0]
+
+
+def _task_run_state(driver, name: str) -> str:
+    """The state badge of the task run named `name` in the run page's list."""
+    from selenium.webdriver.common.by import By
+
+    item = "ancestor::*[contains(concat(' ', @class, ' '), ' task-run-list-item ')][1]"
+    row = driver.find_element(By.PARTIAL_LINK_TEXT, name).find_element(By.XPATH, item)
+    return row.find_element(By.CSS_SELECTOR, ".state-badge").text
+
+
+def _detail(driver, label: str) -> str:
+    """The value of the run page's detail `label` ("" while it is not shown)."""
+    from selenium.webdriver.common.by import By
+
+    path = (
+        f"//*[contains(@class, 'p-key-value__label') and normalize-space()='{label}']/following-sibling::*[1]"
+    )
+    return next((found.text for found in driver.find_elements(By.XPATH, path)), "")

@@ -109,6 +109,7 @@ def test_a_run_killed_inside_the_optimizer_resumes_to_the_same_bits(
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-killed"]
     command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
+    command += ["--executor", "inline"]  # an hf recipe's default where sbatch is on PATH is resident
     # told to stop after the first mini-batch, killed once its part is committed (the grace window ran out)
     env = {
         **os.environ,
@@ -153,6 +154,7 @@ def test_a_run_checkpointed_every_other_update_replays_the_real_model_after_a_ki
     preset.write_text(yaml.safe_dump({**config.model_dump(mode="json"), "checkpoint_every": 2}))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "qwen-every-2"]
     command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
+    command += ["--executor", "inline"]  # an hf recipe's default where sbatch is on PATH is resident
     env = {**os.environ, CRASH_ENV: "1:sample:after-commit"}
     assert subprocess.run(command, env=env, capture_output=True, timeout=600).returncode == -signal.SIGKILL
     assert not store.committed("qwen-every-2", 1, "checkpoint")

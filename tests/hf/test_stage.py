@@ -106,6 +106,7 @@ def test_a_recipe_staged_from_the_offline_cache_is_checked_and_trains(tiny_qwen,
     assert checked.returncode == 0, checked.stdout + checked.stderr
     assert "ok   data: benchmark math500: 500 rows" in checked.stdout
 
-    trained = _probepo("train", str(staged / "recipe.yaml"), "--run-id", "staged", "--quiet", env=empty)
+    inline = ("--quiet", "--executor", "inline")
+    trained = _probepo("train", str(staged / "recipe.yaml"), "--run-id", "staged", *inline, env=empty)
     assert trained.returncode == 0, trained.stderr[-2000:]
     assert (tmp_path / "store" / "runs" / "staged").is_dir()

@@ -118,6 +118,29 @@ def test_checkpoint_is_a_hugging_face_folder_without_pickle(model, tokenizer, tm
         assert torch.equal(loaded[name], value) and torch.equal(switched[name], value), name
 
 
+def test_the_trainers_weights_in_memory_generate_the_bits_of_its_saved_folder(model, tokenizer, tmp_path):
+    """The hand-off (live_weights lent to the generator, no host copy) against the file path it replaced:
+    the same greedy and sampled tokens, and the trainer's tensors untouched by the generator's copy."""
+    from probepo.engines.base import SamplingParams
+
+    engine = trainer(model, tokenizer=tokenizer)
+    engine.train_step(batch_for(engine), seed=0)
+    engine.save(tmp_path)
+    before = engine.weights()
+    by_file = HFGenerationEngine(type(model).from_pretrained(model.name_or_path))
+    by_file.load_weights(tmp_path)
+    in_memory = HFGenerationEngine(type(model).from_pretrained(model.name_or_path))
+    with engine.live_weights() as live:
+        in_memory.load_weights(live)
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(temperature=temperature, max_tokens=6)
+        assert in_memory.generate(PROMPTS, 2, params, 5) == by_file.generate(PROMPTS, 2, params, 5)
+    with torch.no_grad():  # the generator holds its own copy: changing it leaves the trainer's weights be
+        for parameter in in_memory.model.parameters():
+            parameter.zero_()
+    assert all(torch.equal(value, engine.weights()[name]) for name, value in before.items())
+
+
 def test_models_with_transformed_logits_are_refused(model):
     model.config.final_logit_softcapping = 30.0
     with pytest.raises(ValueError, match="transforms its logits"):

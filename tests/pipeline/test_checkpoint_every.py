@@ -19,12 +19,13 @@ import yaml
 from safetensors.torch import load
 
 from probepo import execution, spend
+from probepo.engines.fingerprint import weights_digest
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.execution import StageRequest
 from probepo.pipeline import train
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
-from probepo.stages.policy import FINGERPRINT, LEGACY_DIGEST, weights_digest
+from probepo.stages.replay import FINGERPRINT, LEGACY_DIGEST
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, train_cli
 
@@ -140,7 +141,7 @@ def test_a_replay_that_does_not_reproduce_the_committed_weights_is_recorded_and_
     run_id = "every-3-diverged"
     # as if update 1 had been computed on another device
     _killed_with_optimize_1_summary(warm_store, tmp_path, run_id, {FINGERPRINT: "0" * 16})
-    with caplog.at_level(logging.WARNING, logger="probepo.stages.policy"):
+    with caplog.at_level(logging.WARNING, logger="probepo.stages.replay"):
         train(every_config(3), run_id, store=warm_store)
     [replay] = [a for a in warm_store.attempts(run_id) if a.get("replayed_updates")]
     assert replay["replayed_updates"] == 2 and replay["replay_diverged"] == [1]

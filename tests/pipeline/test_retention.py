@@ -10,13 +10,16 @@ import pytest
 import yaml
 
 from probepo.config import CheckpointSelection, Retention
+from probepo.data.benchmarks import AVG6_BENCHMARKS
 from probepo.evaluations import missing, retain_checkpoints
 from probepo.faults import STOP_ENV
 from probepo.pipeline import train
 from probepo.preemption import Preempted
+from probepo.store import open_store
 from probepo.store.keys import RunLayout
 from probepo.store.retention import holds, is_part, plan_retention, prune_parts
 from tests.pipeline.conftest import FINAL_FILES, tiny_config, train_cli
+from tests.pipeline.test_evaluations import math_run
 
 UPDATES = 10
 RETAIN = Retention(optimizer_last=1, weights_every=4)
@@ -93,6 +96,24 @@ def test_weights_the_nightly_has_still_to_evaluate_are_kept_unless_told(warm_sto
     pruned = retain_checkpoints(warm_store, "retain-pending", latest_only).pruned
     assert pruned == {0: "weights", 1: "record", 2: "record", 3: "record"}  # the nightly reads only 4
     assert warm_store.verify("retain-pending").problems == []
+
+
+def test_by_default_a_maths_run_keeps_the_weights_its_six_benchmarks_still_have_to_read(tmp_path):
+    """The default guard follows the nightly's default, a run's own recipe's suites: a maths run's six
+    benchmarks (not its held-out split, which its evaluate stage never scores)."""
+    store = open_store(tmp_path / "store")
+    math_run(store, "retain-math", updates=(0, 1, 2, 3), evaluated_in_run=(0,))
+    for name in AVG6_BENCHMARKS:  # 1 evaluated on all six after the fact, 2 on all but AIME24
+        store.record_evaluation("retain-math", 1, name, {"mean": 0.5})
+        if name != "aime24":
+            store.record_evaluation("retain-math", 2, name, {"mean": 0.5})
+    rarely = Retention(optimizer_last=1, weights_every=100)
+    assert rarely.evaluation_suites is None
+    pruned = retain_checkpoints(store, "retain-math", rarely, dry_run=True).pruned
+    assert pruned == {0: "weights", 1: "record", 2: "weights"}  # 2 awaits its AIME24; 3 is the latest, whole
+    on_heldout = rarely.model_copy(update={"evaluation_suites": ("heldout",)})  # what it used to guard
+    pruned = retain_checkpoints(store, "retain-math", on_heldout, dry_run=True).pruned
+    assert pruned == dict.fromkeys(range(3), "weights")
 
 
 def test_an_updates_optimizer_parts_go_once_its_optimize_and_checkpoint_are_committed(

@@ -9,13 +9,13 @@ import torch
 from probepo import spend
 from probepo.algo.advantage import group_advantages, group_stats, redistribute, rloo_advantages
 from probepo.data import build_task
+from probepo.methods.inputs import Rollouts
 from probepo.models.gpt import load_model
 from probepo.pipeline import train
 from probepo.presets import with_overrides
 from probepo.report import load_curves, write_report
 from probepo.schedule import TRAINING_STAGES
 from probepo.stages import warmup
-from probepo.stages.common import Rollouts
 from probepo.stages.context import StageContext
 from probepo.stages.select import choose_pivots
 from probepo.store import ArtifactStore, open_store

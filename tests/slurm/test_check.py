@@ -162,6 +162,35 @@ def test_the_testbed_and_the_tiny_qwen_recipes_pass(slurm_cluster, tmp_path, tin
     )
 
 
+def test_the_memory_line_leaves_vllm_its_share_under_the_resident_executor(
+    slurm_cluster, tmp_path, tiny_qwen: TinyQwen
+):
+    """The resident job's ranks share each GPU between the trainer and a vLLM engine (model.vllm_memory of
+    it); a job per stage gives the optimize job's GPUs to the trainer whole."""
+    model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "generator": "vllm", "vllm_memory": 0.35}
+    qwen = qwen_config(tiny_qwen.folder, model=model, store=str(tmp_path / "store")).model_dump(mode="json")
+    gpus = {"gpus_per_node": 2, "tasks_per_node": 2, "gpu_memory_gb": 80}
+    profile = _profile(tmp_path, defaults={"partition": "low"}, stages={"driver": gpus, "optimize": gpus})
+    memory = {}
+    for executor in ("resident", "slurm"):
+        found = check_launch(qwen, executor, profile).findings
+        (memory[executor],) = [line for line in found.passed if line.startswith("memory: ")]
+    assert memory["resident"].endswith(
+        "leaving the 52.0 GB of each 80 GB GPU after vLLM's 35% (model.vllm_memory)"
+    )
+    assert memory["slurm"].endswith("leaving the 80.0 GB of each 80 GB GPU")
+
+
+def test_the_7b_recipe_per_stage_with_its_model_missing_names_both_problems(slurm_cluster, tmp_path):
+    """Every problem at once: the executor that cannot hold checkpoint_every = 10 and the model's files."""
+    fields = yaml.safe_load((ROOT / "configs" / "deepseekmath-7b-sft.yaml").read_text())
+    fields["model"]["pretrained"] = str(tmp_path / "deepseek-math-7b")
+    found = check_launch(fields, "slurm", _profile(tmp_path), store=str(tmp_path / "store")).findings
+    assert f"model.pretrained = {tmp_path / 'deepseek-math-7b'}: no such folder" in found.failures
+    (executor,) = [line for line in found.failures if line.startswith("executor slurm: ")]
+    assert executor.startswith("executor slurm: checkpoint_every = 10 needs engines that stay resident")
+
+
 def test_the_probe_job_reports_the_jobs_interpreter(slurm_cluster, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(yaml.safe_dump(_recipe(tmp_path)))

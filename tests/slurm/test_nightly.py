@@ -1,8 +1,9 @@
 """The nightly's array tasks on the real SLURM cluster: a task preempted mid-suite by a job of the high
 partition keeps its shards, requeues itself and ends with the numbers of a twin run's uninterrupted
-evaluation; a task killed outright (its time limit's kill past the grace window, a lost node) leaves its
-shards, and the next night's task makes only the missing ones. Each suite here is 4 engine calls (batch
-rows 4 over 16 problems)."""
+evaluation; a task sent its time limit's warning abandons the shard in flight at once, requeues itself
+(SLURM requeues no job at its time limit) and ends the same; a task killed outright (its time limit's kill
+past the grace window, a lost node) leaves its shards, and the next night's task makes only the missing
+ones. Each suite here is 4 engine calls (batch rows 4 over 16 problems)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from tests.slurm.test_drill import preempt_with_a_high_job
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 FIRST_SHARD = "evaluate.heldout.shard-0000"
+SECOND_SHARD = "evaluate.heldout.shard-0001"
 
 
 @pytest.fixture(scope="module")
@@ -99,6 +101,44 @@ def test_a_preempted_task_keeps_its_shards_requeues_and_ends_with_the_twins_numb
         capture_output=True, text=True, check=True,
     ).stdout.split()  # fmt: skip
     assert len(runs) >= 2 and runs[0].endswith(("|REQUEUED", "|PREEMPTED")), runs  # the same task, run again
+
+
+def test_a_task_warned_of_its_time_limit_abandons_the_call_in_flight_requeues_and_ends_with_the_twins_numbers(
+    twins, pausing, monkeypatch, profile_path, tmp_path
+):
+    """What a time limit sends `signal_grace_s` before it (`sbatch --signal=USR2@<s>`, no `B:`): USR2 to the
+    job's steps, where submitit's Python runs; no SIGTERM, and no requeue by SLURM, which ends a job at its
+    limit TIMEOUT. SLURM sends that warning at a periodic check (every 30 s), up to 60 s before the time
+    asked for, so a real limit (a minute at least) would have this test wait a minute and race the kill:
+    `scancel --signal=USR2` sends the same signal to the same processes, here while the task holds its
+    second engine call, claimed and not yet decoded. This test exercises that path, not SLURM's clock."""
+    point = f"3:{SECOND_SHARD}:claimed"
+    monkeypatch.setenv(PAUSE_ENV, point)
+    outcomes: list[ItemOutcome] = []
+    night = _night(twins, 3, profile_path, outcomes)
+    first = _paused(pausing, point)
+    monkeypatch.delenv(PAUSE_ENV)  # the job has it; the twin's evaluation here must not pause
+    (script,) = (tmp_path / "jobs" / "nightly").glob("*_submission.sh")
+    assert "#SBATCH --signal=USR2@30" in script.read_text()  # the warning: signal_grace_s before the limit
+    running = subprocess.run(["squeue", "-h", "-n", "nightly", "-t", "RUNNING", "-o", "%i"],
+                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    (job,) = running
+    subprocess.run(["scancel", "--signal=USR2", job], check=True)
+    again = _paused(pausing, point)  # the requeued task's next run, which claims the same call again
+    assert again != first and twins.evaluation_shard_names("nightly-a", 3, "heldout") == [FIRST_SHARD]
+    (tmp_path / "release").touch()
+    night.join(timeout=300)
+    (outcome,) = outcomes
+    assert outcome.error is None and outcome.result == "resumed" and outcome.job_id == job, outcome
+    record = twins.evaluation("nightly-a", 3, "heldout")
+    assert (record["resumed_shards"], record["shards"], record["jobs"]) == (1, 4, [job])
+    twin = _twin(twins, 3)
+    assert (record["mean"], record["per_problem"]) == (twin["mean"], twin["per_problem"])
+    runs = subprocess.run(
+        ["sacct", "-n", "-X", "-D", "-P", "-o", "JobID,State", "-j", job],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert runs[0].endswith("|REQUEUED") and runs[-1].endswith("|COMPLETED"), runs  # requeued by itself
 
 
 def test_a_task_killed_outright_leaves_its_shards_and_the_next_night_makes_only_the_rest(

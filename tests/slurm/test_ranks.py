@@ -20,6 +20,7 @@ from probepo.pipeline import train
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 from tests.pipeline.conftest import tiny_config
+from tests.pipeline.test_trees import TREE_FIELDS, tree_config
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import TIMEOUT_S, Drill, slurm
 from tests.slurm.test_drill import preempt_with_a_high_job
@@ -148,6 +149,32 @@ def assert_graded_once(store: ArtifactStore, run_id: str, stage: str, world: int
         if stage == "probe":
             trials = tensors_from_bytes(store.read_stage(run_id, update, stage)[GENERATED[stage]])["trials"]
             assert sum(graded) == int(trials.sum()), (run_id, update, graded)
+
+
+@pytest.mark.parametrize("algorithm", sorted(TREE_FIELDS))
+def test_a_tree_grows_the_same_bits_on_two_ranks_and_grades_each_leaf_once(
+    algorithm, warm_store, tmp_path, slurm_cluster
+):
+    """The tree baselines' engine calls (SPO-tree's levels, TreePO's steps) split over the ranks like
+    sample's chunks: the trees, the rollouts and the final policy are the inline run's bits, and every
+    leaf is graded by one rank."""
+    tree = tree_config(algorithm)
+    config = ranks_config().model_copy(update={"algo": tree.algo})
+    inline, resident = f"ranks-{algorithm}-inline", f"ranks-{algorithm}-resident-2"
+    train(config, inline, store=warm_store)
+    folder = tmp_path / resident
+    folder.mkdir()
+    profile = write_profile(folder, {"driver": on_gpus(2, gpus_per_node=2)})
+    drill = Drill(warm_store, resident, folder, profile, config)
+    drill.executor = "resident"
+    drill.train()
+    drill.finish()
+    # the trees (tree.parquet) and the rollouts, then every generating stage and the final policy
+    assert warm_store.read_stage(resident, 0, "sample") == warm_store.read_stage(inline, 0, "sample")
+    assert generated(warm_store, resident) == generated(warm_store, inline)
+    levels = shards(warm_store, resident, "sample")
+    assert {shard["rank"] for shard in levels} == {0, 1}  # both ranks grew the trees
+    assert_graded_once(warm_store, resident, "sample", 2)
 
 
 def preempted_two_rank_sample(warm_store, tmp_path, run_id: str) -> Drill:

@@ -68,6 +68,8 @@ class FakeBackend:
     job_id_variable: str = "FAKE_JOB_ID"
     jobs: dict[str, FakeJob] = field(default_factory=dict)
     cancelled: list[str] = field(default_factory=list)
+    forgotten: set[str] = field(default_factory=set)
+    """Jobs it reports no state of (as sacct once its accounting of them is purged)."""
 
     def check(self, stages: Iterable[str] = ()) -> None:
         """Nothing to check."""
@@ -93,7 +95,7 @@ class FakeBackend:
         raise NotImplementedError("the job runner submits no arrays")
 
     def states(self, job_ids: Iterable[str], submitted_at: dict[str, float]) -> dict[str, JobInfo]:
-        return {job_id: self._poll(job_id) for job_id in job_ids}
+        return {job_id: self._poll(job_id) for job_id in job_ids if job_id not in self.forgotten}
 
     def _poll(self, job_id: str) -> JobInfo:
         job = self.jobs[job_id]

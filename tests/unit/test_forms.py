@@ -1,18 +1,23 @@
 """A train deployment's run form fitted to its recipe (flows/forms.py): the study's 7B recipe shows no
 testbed field and no warm-up, the testbed no Hugging Face field; executor, profile and run id come first
 and the store first in the recipe; the profile is a choice of the site's; and the deployment's own
-parameters validate against its fitted form as the server checks them (enforce_parameter_schema)."""
+parameters validate against its fitted form as the server checks them (enforce_parameter_schema); and
+probepo/config/kinds.py lists every field of the model and the task under its kinds, so that no field is
+added without saying which kinds' forms show it."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import get_args
 
+import pytest
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
 from flows.forms import fitted_schema, recipe_parameters
 from flows.train import train
 from probepo.config import RunConfig
+from probepo.config.kinds import MODEL_COMMON, MODEL_FIELDS, SECTIONS_OF_MODEL, TASK_COMMON, TASK_FIELDS
 from probepo.presets import load_run_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -21,7 +26,10 @@ PROFILES = ["/shared/probepo/h200-node.yaml", "/shared/probepo/h200-two-nodes.ya
 
 
 def _shown(schema: dict, definition: str) -> list[str]:
-    return list(schema["definitions"][definition]["properties"])
+    """The fields of `definition` in the order the form shows them (by `position`: the server keeps no key
+    order)."""
+    fields = schema["definitions"][definition]["properties"]
+    return sorted(fields, key=lambda name: fields[name]["position"])
 
 
 def test_the_7b_recipes_form_has_no_testbed_field_and_the_site_first():
@@ -29,9 +37,10 @@ def test_the_7b_recipes_form_has_no_testbed_field_and_the_site_first():
     form = fitted_schema(SCHEMA, recipe, PROFILES)
     order = sorted(form["properties"], key=lambda name: form["properties"][name]["position"])
     assert order == ["executor", "profile", "run_id", "config"]
-    assert _shown(form, "RunConfig")[0] == "store" and "warmup" not in _shown(form, "RunConfig")
+    assert _shown(form, "RunConfig")[:3] == ["store", "seed", "num_updates"]  # then as RunConfig has them
+    assert "warmup" not in _shown(form, "RunConfig")
     model = _shown(form, "ModelConfig")
-    assert "pretrained" in model and not {"d_model", "vocab_size", "n_layers"} & set(model)
+    assert model[:2] == ["kind", "pretrained"] and not {"d_model", "vocab_size", "n_layers"} & set(model)
     assert not {"modulus", "steps", "hops"} & set(_shown(form, "TaskConfig"))
     assert "d_model" not in form["definitions"]["RunConfig"]["properties"]["model"]["default"]
     assert form["properties"]["profile"]["anyOf"][0]["enum"] == PROFILES
@@ -49,3 +58,23 @@ def test_the_testbeds_form_keeps_its_model_and_warm_up_and_takes_any_profile_wit
     assert "pretrained" not in _shown(form, "ModelConfig") and "eval_set" not in _shown(form, "TaskConfig")
     assert form["properties"]["profile"] == SCHEMA["properties"]["profile"] | {"position": 1}
     assert validate({"config": recipe_parameters(RunConfig())}, form) == []
+
+
+@pytest.mark.parametrize(
+    ("section", "common", "by_kind"),
+    [("model", MODEL_COMMON, MODEL_FIELDS), ("task", TASK_COMMON, TASK_FIELDS)],
+)
+def test_every_field_of_the_model_and_the_task_is_listed_once_as_common_or_of_its_kinds(
+    section, common, by_kind
+):
+    model = RunConfig.model_fields[section].annotation
+    assert set(by_kind) == set(get_args(model.model_fields["kind"].annotation))
+    listed = [*common, *(name for fields in by_kind.values() for name in fields)]
+    assert sorted(listed) == sorted(model.model_fields)
+
+
+def test_the_sections_of_one_model_kind_are_recipe_sections():
+    assert set(SECTIONS_OF_MODEL) == set(MODEL_FIELDS)
+    assert {name for sections in SECTIONS_OF_MODEL.values() for name in sections} <= set(
+        RunConfig.model_fields
+    )

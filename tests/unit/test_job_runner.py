@@ -2,8 +2,8 @@
 second: transient refusals retried, then SubmitFailed; a job that died submitted again up to
 max_resubmits in a row, then StageFailed naming the job (a death after a commit of the job's work starts
 the count over); a stage's own failure never resubmitted; a requeued job waited on; a restarted driver
-re-attaching, and closing the records of jobs that ended while no driver watched; a cancel; polls that
-back off while nothing changes. The same
+re-attaching, and closing the records of jobs that ended while no driver watched (a job the backend
+reports no state of left open); a cancel; polls that back off while nothing changes. The same
 runner on the real cluster: tests/slurm/."""
 
 from __future__ import annotations
@@ -146,6 +146,24 @@ def test_a_resumed_driver_closes_the_records_of_jobs_that_ended_unwatched(store,
     [closed] = store.jobs(RUN, 3, Stage.SAMPLE)
     assert (closed["outcome"], closed["state"], closed["unwatched"]) == ("committed", "COMPLETED", "true")
     assert [r["outcome"] for r in store.jobs(RUN, 3, Stage.PROBE)] == ["committed"]
+
+
+def test_a_job_the_backend_knows_no_state_of_stays_open_and_is_logged(store, tmp_path, caplog):
+    """A backend may report nothing of a job (sacct once its accounting is purged): the resumed driver
+    leaves that record open, says so in its log, and goes on with the stage at hand."""
+    backend = FakeBackend(store, [job("RUNNING", Poll("COMPLETED", AttemptOutcome.COMMITTED, commit=True))])
+    with pytest.raises(DriverStopped):
+        JobRunner(backend, PROFILE).run(*_stage(store, tmp_path, stop=True))
+    backend.forgotten.add("1000")
+    backend.script.append(committing())
+    request, ctx = _stage(store, tmp_path)
+    with caplog.at_level("WARNING", logger="slurm.job_ends"):
+        JobRunner(backend, PROFILE).run(replace(request, stage=Stage.PROBE), ctx)
+    assert _outcomes(store) == ["open"]
+    assert [r["outcome"] for r in store.jobs(RUN, 3, Stage.PROBE)] == ["committed"]
+    (said,) = caplog.messages
+    assert said.startswith(f"run {RUN}: sample's job 1000 of update 3 (") and "fake reports no state" in said
+    assert said.endswith("its record stays open")
 
 
 def test_a_resumed_driver_still_reports_the_failure_of_the_stage_it_resumes_at(store, tmp_path):

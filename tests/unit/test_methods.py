@@ -10,9 +10,8 @@ from typing import get_args
 import pytest
 
 from probepo.config import AlgoConfig
-from probepo.config.algo import Algorithm
+from probepo.config.algo import METHOD_CHECKS, Algorithm
 from probepo.methods import METHODS, method_for
-from probepo.methods.pivots import no_pivots
 
 ROOT = Path(__file__).resolve().parents[2]
 TABLE_FILES = {ROOT / "probepo" / "methods" / "__init__.py"}
@@ -20,6 +19,7 @@ TABLE_FILES = {ROOT / "probepo" / "methods" / "__init__.py"}
 
 def test_the_table_has_exactly_the_configs_names():
     assert list(METHODS) == list(get_args(Algorithm))
+    assert set(METHOD_CHECKS) <= set(METHODS)  # the config's checks name methods of the table
 
 
 def test_an_unknown_method_is_refused_naming_the_choices():
@@ -29,7 +29,7 @@ def test_an_unknown_method_is_refused_naming_the_choices():
 
 def test_what_each_method_does_at_each_stage():
     """The rows of the design's method table (docs/DESIGN.md, "Methods"), read back from the entries."""
-    probes = {name for name, m in METHODS.items() if m.pivots is not no_pivots}
+    probes = {name for name, m in METHODS.items() if m.probes}
     trees = {name for name, m in METHODS.items() if m.tree is not None}
     assert probes == {"probepo", "vineppo"}
     assert trees == {"spo_tree", "treepo"}

@@ -51,7 +51,7 @@ def test_each_node_has_its_own_scratch_folder(monkeypatch, tmp_path, node):
 
 def test_a_node_fetches_the_optimizer_shards_of_its_own_ranks_only():
     from probepo.schedule import optimizer_shard_name
-    from probepo.stages.policy import files_for_node
+    from probepo.stages.committed import files_for_node
 
     shards = [
         f"{optimizer_shard_name(rank, 4)}{suffix}"

@@ -1,5 +1,5 @@
-"""What a run's page shows while it trains (probepo/report_live.py): the metrics table's columns in the
-order of an update, and the curves as a markdown chart of block characters."""
+"""What a run's page shows while it trains (probepo/report_live.py): one row per update, the metrics
+table's columns in the order of an update, and the curves as a markdown chart of block characters."""
 
 from __future__ import annotations
 
@@ -8,7 +8,14 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from probepo.report_live import BLOCKS, curves_markdown, metric_columns, sparkline
+from probepo.report_live import (
+    BLOCKS,
+    curves_markdown,
+    metric_columns,
+    rows_by_update,
+    sparkline,
+    updates_done,
+)
 
 
 def test_update_comes_first_and_the_columns_go_by_stage_in_the_order_of_an_update():
@@ -37,3 +44,18 @@ def test_the_chart_draws_accuracy_and_reward_by_update_and_says_what_is_missing(
     accuracy = next(line for line in chart.splitlines() if line.startswith("held-out accuracy"))
     assert "0.200 ▁█   0.500   updates 0–2" in accuracy
     assert "(none yet)" in curves_markdown("r1", [{"update": 0}], num_updates=1)
+
+
+def test_a_resumed_updates_records_are_one_row_and_count_once():
+    records = [
+        {"update": 0, "evaluate/accuracy": 0.2, "sample/reward_mean": 0.1},
+        {"update": 1, "sample/reward_mean": 0.2},
+        {"update": 0, "optimize/loss": 0.5},  # update 0 resumed after its sample: the rest logged apart
+        {"update": 1, "optimize/loss": 0.4},
+        {"update": 2, "evaluate/accuracy": 0.4},
+    ]
+    rows = rows_by_update(records)
+    assert list(rows) == [0, 1, 2]
+    assert rows[0] == {"update": 0, "evaluate/accuracy": 0.2, "sample/reward_mean": 0.1, "optimize/loss": 0.5}
+    assert updates_done(rows.values()) == 2
+    assert "2 of 4 updates done" in curves_markdown("r1", list(rows.values()), num_updates=4)

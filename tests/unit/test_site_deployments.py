@@ -1,6 +1,7 @@
 """flows/deployments.py, what deploy.sh deploys: a train deployment per recipe preset opening on that
-preset, the site's store, executor and profile in every deployment's parameters, and a site file with a
-bad field, a bad executor or a preset name used twice refused in one line naming it."""
+preset, the site's store, executor and profile in every deployment's parameters (a recipe on `resident`
+where the site's executor cannot run its checkpoint_every), and a site file with a bad field, a bad
+executor or a preset name used twice refused in one line naming it."""
 
 from __future__ import annotations
 
@@ -48,15 +49,29 @@ def test_every_preset_is_a_train_deployment_opening_on_it_with_the_sites_default
 
 def test_without_a_site_the_deployments_keep_their_defaults(monkeypatch):
     monkeypatch.delenv("PROBEPO_SITE", raising=False)
-    monkeypatch.setattr("flows.deployments.SITE_FILE", Path("/nonexistent/site.yaml"))
+    monkeypatch.setattr("probepo.config.site.SITE_FILE", Path("/nonexistent/site.yaml"))
     site, folder = load_site(None)
     made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
     assert RunConfig.model_validate(made["cpu-demo"]["parameters"]["config"]) == RunConfig()
     nightly = {"executor": "inline", "profile": None, "selection": {"latest": True}, "max_parallel": 8}
     assert made["nightly-eval"]["parameters"] == nightly  # no store: it refuses to start
-    # the study recipes checkpoint in full every 9-10 updates: they open on what that needs
-    assert made["deepseekmath-7b-sft"]["parameters"]["executor"] == "resident"
-    assert made["cpu-demo"]["parameters"]["executor"] == "inline"
+    # inline keeps its engines from update to update: the study recipes' checkpoint_every 10 runs there
+    assert made["deepseekmath-7b-sft"]["parameters"]["executor"] == "inline"
+
+
+@pytest.mark.parametrize(
+    ("executor", "study", "demo"),
+    [("inline", "inline", "inline"), ("local", "resident", "local"), ("slurm", "resident", "slurm"),
+     ("resident", "resident", "resident")],
+)  # fmt: skip
+def test_a_recipe_opens_on_resident_only_where_the_sites_executor_cannot_run_its_checkpoint_every(
+    tmp_path, executor, study, demo
+):
+    """The study's recipes checkpoint in full every 10 updates, which a job per stage cannot run."""
+    site, folder = load_site(_site(tmp_path, executor=executor))
+    made = {entry["name"]: entry["parameters"] for entry in deployments(site, folder)["deployments"]}
+    assert (made["deepseekmath-7b-sft"]["executor"], made["cpu-demo"]["executor"]) == (study, demo)
+    assert made["resume"]["executor"] == executor  # its run's recipe is not known until it starts
 
 
 @pytest.mark.parametrize(

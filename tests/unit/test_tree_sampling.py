@@ -1,4 +1,4 @@
-"""probepo.stages.trees: SPO-tree's and TreePO's tree growth (BASELINES.md §SPO-tree 1–2, §TreePO 1–4) over
+"""probepo.methods.trees: SPO-tree's and TreePO's tree growth (BASELINES.md §SPO-tree 1–2, §TreePO 1–4) over
 a fake engine whose continuations stop early at random, so every branch of the samplers is exercised."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from probepo.config import AlgoConfig
 from probepo.engines.base import Completion
-from probepo.stages.trees import CUT, Forest, spo_tree, treepo
+from probepo.methods.trees import CUT, Forest, spo_tree, treepo
 
 EOS = 0
 

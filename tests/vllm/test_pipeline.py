@@ -38,6 +38,7 @@ def test_a_resumed_run_samples_with_the_checkpoint_it_resumes_from(tiny_qwen, tm
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     command = [sys.executable, "-m", "probepo.cli", "train", str(preset), "--run-id", "vllm-killed"]
     command += ["--store", store.url, "--quiet", "--tensorboard", str(tmp_path / "tb")]
+    command += ["--executor", "inline"]  # an hf recipe's default where sbatch is on PATH is resident
     env = {**os.environ, CRASH_ENV: "1:sample:before-commit"}
     killed = subprocess.run(command, env=env, capture_output=True, timeout=900)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]

@@ -1,0 +1,162 @@
+"""The house's layers, read from the code: the runtime import graph of probepo/, flows/ and slurm/ (every
+import a module runs, at module level or inside a function; `if TYPE_CHECKING:` blocks left out) has no
+circle, probepo/ reaches into flows/ or slurm/ only from its CLI modules, and the configuration models
+import nothing above themselves (docs/DESIGN.md, "The house")."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("probepo", "flows", "slurm")
+CLI = ("probepo.cli", "probepo.cli_runs", "probepo.cli_site", "probepo.cli_train")
+"""The face: the only modules of probepo/ that launch flows and jobs."""
+CONFIG_MAY_IMPORT = ("probepo.config", "probepo.schedule", "probepo.errors")
+"""What probepo/config/ may import of the project: itself and the modules below it that it reads."""
+CONFIG_THIRD_PARTY = {"pydantic", "annotated_types"}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+
+
+def _is_package(module: str) -> bool:
+    return MODULES[module].name == "__init__.py"
+
+
+def _imported(module: str, node: ast.Import | ast.ImportFrom) -> Iterator[str]:
+    """The names an import statement of `module` imports: `a.b` for `import a.b` and `from a import b`
+    where a.b is a module, else `a`; relative imports resolved."""
+    if isinstance(node, ast.Import):
+        yield from (alias.name for alias in node.names)
+        return
+    base = node.module or ""
+    if node.level:
+        package = module.split(".") if _is_package(module) else module.split(".")[:-1]
+        package = package[: len(package) - (node.level - 1)]
+        base = ".".join([*package, base] if base else package)
+    for alias in node.names:
+        candidate = f"{base}.{alias.name}" if base else alias.name
+        yield candidate if candidate in MODULES else base
+
+
+def _runtime_imports(tree: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import statement that runs, at any depth, outside `if TYPE_CHECKING:` blocks."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            for child in node.orelse:
+                yield from _runtime_imports(ast.Module(body=[child], type_ignores=[]))
+            continue
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            yield node
+        yield from _runtime_imports(node)
+
+
+def imports_of(module: str) -> set[str]:
+    """Every name `module` imports at run time (the project's as module names, others as given)."""
+    found = set()
+    for node in _runtime_imports(ast.parse(MODULES[module].read_text())):
+        for name in _imported(module, node):
+            while "." in name and name not in MODULES and name.split(".")[0] in PACKAGES:
+                name = name.rsplit(".", 1)[0]  # `from pkg.mod import function`: the module
+            found.add(name)
+    return found - {module}
+
+
+GRAPH = {module: {name for name in imports_of(module) if name in MODULES} for module in MODULES}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_finder_sees_a_circle_through_a_function_level_import():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set()}) == []
+    code = ast.parse("if TYPE_CHECKING:\n    import x\nelse:\n    import y\ndef f():\n    import z\n")
+    assert [ast.unparse(node) for node in _runtime_imports(code)] == ["import y", "import z"]
+
+
+def test_no_circle_of_imports():
+    assert circles(GRAPH) == []
+
+
+def test_probepo_reaches_flows_and_slurm_only_from_its_cli():
+    up = sorted(
+        f"{module} -> {name}"
+        for module, names in GRAPH.items()
+        if module.startswith("probepo") and module not in CLI
+        for name in names
+        if name.split(".")[0] in ("flows", "slurm")
+    )
+    assert up == []
+
+
+def test_the_configuration_imports_nothing_above_it():
+    """probepo/config/ reads pydantic, the standard library, itself, the stage names and the errors: what a
+    recipe is can be read, tested and changed without the stages, the engines or the data loaders."""
+    wrong = sorted(
+        f"{module} -> {name}"
+        for module in MODULES
+        if module.startswith("probepo.config")
+        for name in imports_of(module)
+        if not name.startswith(CONFIG_MAY_IMPORT)
+        and name.split(".")[0] not in CONFIG_THIRD_PARTY | set(sys.stdlib_module_names)
+    )
+    assert wrong == []
+
+
+def test_stages_never_import_prefect_or_submitit():
+    wrong = sorted(
+        f"{module} -> {name}"
+        for module in MODULES
+        if module.startswith("probepo.stages")
+        for name in imports_of(module)
+        if name.split(".")[0] in ("prefect", "submitit", "flows", "slurm")
+    )
+    assert wrong == []
