@@ -36,14 +36,43 @@ def part_name(minibatch: int) -> str:
     return f"{PART_PREFIX}{minibatch:04d}"
 
 
+def part_index(name: str) -> int:
+    """The mini-batch a part was committed after (`optimize.part-0002` → 2)."""
+    return int(name.removeprefix(PART_PREFIX))
+
+
 def minibatch_point(minibatch: int) -> str:
     """The fault point's stage name of a mini-batch boundary (`<update>:optimize.minibatch-NNNN:done`)."""
     return f"{STAGE}.minibatch-{minibatch:04d}"
 
 
-def _metrics(part_summary: dict) -> dict[str, float]:
-    """A committed part's optimizer metrics (its summary, less the commit's own wall time)."""
-    return {key: value for key, value in part_summary.items() if key != "wall_s"}
+MINIBATCHES = "minibatches_metrics"
+"""The key of a part's summary listing the metrics of every mini-batch up to it (a resumed optimize's
+summary combines them with its own)."""
+
+
+def _metrics(summary: dict) -> dict[str, float]:
+    """A committed summary's optimizer metrics (less the commit's own wall time and a part's list)."""
+    return {key: value for key, value in summary.items() if key not in ("wall_s", MINIBATCHES)}
+
+
+def _resume_from(parts: dict[str, dict | None]) -> tuple[str | None, int, list[dict[str, float]]]:
+    """Where a resumed optimize starts: the latest part holding a trainer state (a part retention pruned, its
+    optimize committed and then invalidated, holds none), the mini-batch after it, and the metrics of every
+    mini-batch up to it. A part is a stop's, after whichever mini-batch the stop came: it lists them all
+    (MINIBATCHES). A part committed before parts were a stop's alone (one after every mini-batch) holds its
+    own mini-batch's only, the parts before it theirs."""
+    resumable = [name for name, marker in parts.items() if marker is not None and holds(marker) == "full"]
+    if not resumable:
+        return None, 0, []
+    latest = max(resumable, key=part_index)
+    summary = parts[latest]["summary"]
+    if MINIBATCHES in summary:
+        history = [dict(metrics) for metrics in summary[MINIBATCHES]]
+    else:
+        earlier = sorted(name for name in parts if part_index(name) <= part_index(latest))
+        history = [_metrics(parts[name]["summary"]) for name in earlier]
+    return latest, part_index(latest) + 1, history
 
 
 def run(ctx: StageContext) -> None:
@@ -61,11 +90,8 @@ def run(ctx: StageContext) -> None:
         for s in ctx.store.committed_stages(ctx.run_id, ctx.update)
         if is_part(s)
     }
-    # a part retention pruned (its optimize had committed, then was invalidated) holds nothing to resume from
-    done = sorted(s for s, marker in parts.items() if marker is not None and holds(marker) == "full")
-    history = [_metrics(parts[s]["summary"]) for s in done]
-    start = len(done)
-    engine = load_trainer(ctx.config, fetch_policy(ctx, done[-1])) if done else trainer_engine(ctx)
+    latest, start, history = _resume_from(parts)
+    engine = load_trainer(ctx.config, fetch_policy(ctx, latest)) if latest else trainer_engine(ctx)
     keep_trainer(ctx, None, -1)  # changed in place from here on: resident again once it holds policy k + 1
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start
@@ -78,7 +104,7 @@ def run(ctx: StageContext) -> None:
         committing = full and part_name(index) not in parts  # a pruned part's record stays: none replaces it
         if committing:
             with saved_trainer(ctx, engine, ctx.scratch / part_name(index)) as files:
-                ctx.commit(part_name(index), files, metrics)
+                ctx.commit(part_name(index), files, {**metrics, MINIBATCHES: list(history)})
         kept = "progress committed" if committing else "nothing committed: the update's optimize reruns"
         raise Preempted(f"preempted after mini-batch {index} of update {ctx.update}; {kept}")
 

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from probepo.driver_lease import LeaseKeeper
 from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV
-from probepo.pipeline import LeaseKeeper, train
+from probepo.pipeline import train
 from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import with_overrides
 from probepo.store import ArtifactStore, LeaseHeld, LeaseLost, RunConfigMismatch, acquire_lease

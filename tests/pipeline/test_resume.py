@@ -29,12 +29,25 @@ def baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
     return {name: files[name] for name in CHECKPOINT_FILES}
 
 
+@pytest.fixture(scope="module")
+def baseline_optimize(warm_store: ArtifactStore, baseline: dict[str, bytes]) -> list[dict[str, float]]:
+    """The uninterrupted run's optimizer metrics of each update (the summary a resumed optimize must
+    rebuild from its part and its own mini-batches)."""
+    return [_optimizer_metrics(warm_store, "drill-baseline", update) for update in range(FINAL)]
+
+
+def _optimizer_metrics(store: ArtifactStore, run_id: str, update: int) -> dict[str, float]:
+    summary = store.marker(run_id, update, "optimize")["summary"]
+    return {key: value for key, value in summary.items() if key != "wall_s"}
+
+
 def _drill(
     store: ArtifactStore,
     crash_at: str,
     preset: Path,
     events: Path,
     baseline: dict[str, bytes],
+    baseline_optimize: list[dict[str, float]],
     stop_at: str | None = None,
 ) -> None:
     """Kill a CLI run at `crash_at` (told to stop at `stop_at` first, if given), rerun it, and check what
@@ -49,6 +62,7 @@ def _drill(
 
     final = store.read_stage(run_id, FINAL, "checkpoint")
     assert {name: final[name] for name in CHECKPOINT_FILES} == baseline
+    assert [_optimizer_metrics(store, run_id, update) for update in range(FINAL)] == baseline_optimize
     # The killed attempt left its "running" record. A stage killed right after its commit is not run
     # again; any other killed stage is, once.
     killed_update, killed_stage = int(update), stage.split(".")[0]
@@ -64,9 +78,12 @@ def _drill(
         if stage == "checkpoint":  # policy k + 1 was committed: only the stage's summary remained
             assert resumed["minibatches_run"] == 0
         else:
-            assert parts_before == (1 if stop_at and when == "after-commit" else 0)  # parts: a stop's only
-            assert resumed["resumed_at_minibatch"] == parts_before
-            assert resumed["minibatches_run"] == MINIBATCHES - parts_before
+            # a stop's part only, after the mini-batch the stop came at: the resume starts after it
+            parted = stop_at is not None and when == "after-commit"
+            start = int(stop_at.split(".minibatch-")[1].split(":")[0]) + 1 if parted else 0
+            assert parts_before == (1 if parted else 0)
+            assert resumed["resumed_at_minibatch"] == start
+            assert resumed["minibatches_run"] == MINIBATCHES - start
     for entry_update, stages in store.ledger_entries(run_id).items():
         for name in stages:
             committed = [a for a in store.attempts(run_id, entry_update, name) if a["outcome"] == "committed"]
@@ -95,21 +112,26 @@ STOPPED_AFTER_COMMITTING_A_PART = ("1:optimize.part-0000:after-commit", "1:optim
         ("1:optimize.minibatch-0000:done", None),  # inside the optimizer, no stop asked: no part
         # told to stop after the first mini-batch, killed once its part is committed (the grace ran out)
         STOPPED_AFTER_COMMITTING_A_PART,
-        # told to stop after the second, killed while committing its part
+        # told to stop after the second, killed while committing its part, or once it is committed
         ("1:optimize.part-0001:before-commit", "1:optimize.minibatch-0001:done"),
+        ("1:optimize.part-0001:after-commit", "1:optimize.minibatch-0001:done"),
         ("2:checkpoint:after-commit", None),  # inside optimize, between its checkpoint and its summary
     ],
 )
-def test_killed_run_resumes_bitwise(crash_at, stop_at, warm_store, baseline, preset, tmp_path):
-    _drill(warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, stop_at)
+def test_killed_run_resumes_bitwise(
+    crash_at, stop_at, warm_store, baseline, baseline_optimize, preset, tmp_path
+):
+    _drill(warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, baseline_optimize, stop_at)
 
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
     ("crash_at", "stop_at"), [("0:probe:before-commit", None), STOPPED_AFTER_COMMITTING_A_PART]
 )
-def test_killed_run_on_s3_resumes_bitwise(crash_at, stop_at, s3_warm_store, baseline, preset, tmp_path):
-    _drill(s3_warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, stop_at)
+def test_killed_run_on_s3_resumes_bitwise(
+    crash_at, stop_at, s3_warm_store, baseline, baseline_optimize, preset, tmp_path
+):
+    _drill(s3_warm_store, crash_at, preset, tmp_path / "tensorboard", baseline, baseline_optimize, stop_at)
 
 
 @pytest.mark.integration

@@ -8,6 +8,7 @@ from pydantic import ValidationError
 from probepo.config import RunConfig, TaskConfig
 from probepo.data import ModChainTask, build_task
 from probepo.data.task import RL_STREAM, WARMUP_CHECK_STREAM, WARMUP_STREAM, split_of
+from probepo.presets import ConfigError, validate_run_config
 
 TASK = ModChainTask(steps=6, modulus=10, ops="+-", seed=3)
 TOK = TASK.tokenizer
@@ -198,5 +199,17 @@ def test_the_context_check_reads_the_longest_prompt_not_problem_0():
             break
     fields = {"task": {"modulus": 100, "steps": 3, "seed": seed}, "model": {"vocab_size": 19}}
     fits_problem_0 = {**fields, "sampling": {"max_tokens": 64}, "algo": {"rescue_tokens": 0}}
-    with pytest.raises(ValidationError, match="longest prompt"):
-        RunConfig.model_validate({**fits_problem_0, "model": {"context": first + 64}})
+    with pytest.raises(ConfigError, match="longest prompt"):  # where a recipe is composed: it needs the task
+        validate_run_config({**fits_problem_0, "model": {"context": first + 64}}, "recipe")
+
+
+def test_every_way_a_recipe_misfits_its_task_is_named_at_once():
+    fields = {"model": {"vocab_size": 23, "context": 16}}
+    with pytest.raises(ConfigError) as refused:
+        validate_run_config(fields, "recipe.yaml")
+    lines = str(refused.value).splitlines()
+    assert [line.split(" = ")[0] for line in lines] == [
+        "recipe.yaml: model.vocab_size",
+        "recipe.yaml: model.context",
+    ]
+    assert RunConfig.model_validate(fields).model.vocab_size == 23  # the model alone cannot see the task
