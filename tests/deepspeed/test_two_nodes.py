@@ -29,7 +29,7 @@ from probepo.pipeline import train
 from probepo.store import ArtifactStore, open_store
 from slurm import make_runner
 from tests.hf.tiny_qwen import qwen_config
-from tests.slurm.drill import Drill, slurm
+from tests.slurm.drill import Drill, accounted_states, slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -39,11 +39,23 @@ AFTER_FIRST_MINIBATCH = "0:optimize.minibatch-0000:done"
 PART_COMMITTED = "0:optimize.part-0000:after-commit"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_nodes(slurm_cluster) -> None:
     partitions = slurm("sinfo", "-h", "-o", "%R %D").split()
     if "wide" not in partitions or partitions[partitions.index("wide") + 1] != "2":
         pytest.skip("the SLURM test cluster has one node: start it with PROBEPO_SLURM_NODES=2 (.ci/run does)")
+
+
+@pytest.fixture(scope="module")
+def one_node(two_nodes, tiny_qwen, tmp_path_factory) -> dict[str, bytes]:
+    """The final checkpoint of the recipe on one node x 4 ranks, the reference of both tests: one resident job
+    (every executor commits the same bits, tests/slurm/test_executors.py; the 4 ranks, not the executor, fix
+    them here)."""
+    folder = tmp_path_factory.mktemp("one-node")
+    store = open_store(folder / "store")
+    runner = make_runner("resident", profile(folder / "jobs", driver=ranks("low", 1)))
+    train(recipe(tiny_qwen.folder), "one-node", store=store, runner=runner)
+    return final_checkpoint(store, "one-node")
 
 
 def recipe(model_folder: Path) -> RunConfig:
@@ -105,13 +117,10 @@ def assert_four_ranks_over_two_nodes(job_folder: Path) -> None:
 
 
 def test_a_resident_driver_over_two_nodes_survives_a_node_set_down_and_equals_one_node(
-    two_nodes, tiny_qwen, tmp_path, scratch_of_killed_runs
+    one_node, tiny_qwen, tmp_path, scratch_of_killed_runs
 ):
     config = recipe(tiny_qwen.folder)
     store = open_store(tmp_path / "store")
-    one_node = profile(tmp_path / "jobs-one", driver=ranks("low", 1))
-    train(config, "one-node", store=store, runner=make_runner("resident", one_node))
-
     scratch_of_killed_runs("two-nodes")
     path = tmp_path / "two-nodes.yaml"
     path.write_text(
@@ -126,12 +135,12 @@ def test_a_resident_driver_over_two_nodes_survives_a_node_set_down_and_equals_on
     drill.release.touch()  # the job's next run may start the optimizer over (no part): past the pause
     drill.finish()
 
-    assert final_checkpoint(store, "two-nodes") == final_checkpoint(store, "one-node")
+    assert final_checkpoint(store, "two-nodes") == one_node
     assert {f"optimizer-rank-0000{r}-of-00004.safetensors" for r in range(4)} <= set(
         final_checkpoint(store, "two-nodes")
     )
     assert_committed_once(store, "two-nodes")
-    states = slurm("sacct", "-n", "-X", "-D", "-P", "-j", job, "-o", "State").split()
+    states = accounted_states(job)
     assert states[0] == "NODE_FAIL" and states[-1] == "COMPLETED", states  # SLURM requeued it: one job id
     assert drill.submissions(0, "driver") == 1
     # a node lost is a hard death: the update reruns from what is committed. SLURM's kill sends SIGTERM
@@ -143,25 +152,22 @@ def test_a_resident_driver_over_two_nodes_survives_a_node_set_down_and_equals_on
 
 
 def test_an_optimize_job_over_two_nodes_resumes_after_one_nodes_ranks_are_killed_and_equals_one_node(
-    two_nodes, tiny_qwen, tmp_path, monkeypatch, scratch_of_killed_runs
+    one_node, tiny_qwen, tmp_path, monkeypatch, scratch_of_killed_runs
 ):
     config = recipe(tiny_qwen.folder)
     store = open_store(tmp_path / "store")
-    # the trainer's stages (score and optimize) run on the same ranks: each loads its own shard
-    one_node = profile(tmp_path / "jobs-one", score=ranks("low", 1), optimize=ranks("low", 1))
-    train(config, "one-node", store=store, runner=make_runner("slurm", one_node))
-
     scratch_of_killed_runs("two-nodes")
     monkeypatch.setenv(STOP_ENV, AFTER_FIRST_MINIBATCH)  # every rank, as SLURM signals every task
     monkeypatch.setenv(CRASH_ENV, f"{PART_COMMITTED}@{NODES[1]}")  # then ranks 2 and 3 kill themselves
+    # the trainer's stages (score and optimize) run on the same ranks: each loads its own shard
     two = profile(tmp_path / "jobs", score=ranks("wide", 2), optimize=ranks("wide", 2))
     train(config, "two-nodes", store=store, runner=make_runner("slurm", two))
 
-    assert final_checkpoint(store, "two-nodes") == final_checkpoint(store, "one-node")
+    assert final_checkpoint(store, "two-nodes") == one_node
     assert_committed_once(store, "two-nodes")
     assert store.committed("two-nodes", 0, "optimize.part-0000")
     jobs = store.jobs("two-nodes", 0, "optimize")
-    states = [slurm("sacct", "-n", "-X", "-P", "-j", job["job_id"], "-o", "State").strip() for job in jobs]
+    states = [accounted_states(job["job_id"])[-1] for job in jobs]
     assert jobs[-1]["outcome"] == "committed" and states[-1] == "COMPLETED", (jobs, states)
     # the job requeued itself (rank 0's Preempted) or failed with the dead ranks and was submitted again;
     # either way the stage resumed from the part, each rank loading its own shard on its own node

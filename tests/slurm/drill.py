@@ -25,6 +25,22 @@ def slurm(*command: str) -> str:
     return result.stdout
 
 
+ACCOUNTED_AS_ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def accounted_states(job_id: str, timeout_s: float = 60.0) -> list[str]:
+    """The State of every record `sacct -D` keeps of the job, once its last one has ended. A job's result
+    file is written before its batch script exits, so its accounting can still say RUNNING (or REQUEUED)
+    for a moment after the caller has its result."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        states = slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State", "-j", job_id).split()
+        if states and states[-1].startswith(ACCOUNTED_AS_ENDED):
+            return states
+        assert time.monotonic() < deadline, f"job {job_id}: sacct still shows {states} after {timeout_s} s"
+        time.sleep(0.5)
+
+
 @dataclass
 class Drill:
     """One run of the drill recipe on the cluster, and the hooks to act on its paused jobs."""

@@ -23,6 +23,7 @@ from probepo.pipeline import train
 from probepo.presets import load_profile
 from slurm.arrays import ItemOutcome, run_array
 from tests.pipeline.conftest import tiny_config
+from tests.slurm.drill import accounted_states
 from tests.slurm.test_drill import preempt_with_a_high_job
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
@@ -96,11 +97,8 @@ def test_a_preempted_task_keeps_its_shards_requeues_and_ends_with_the_twins_numb
     twin = _twin(twins, 1)
     assert (record["mean"], record["per_problem"]) == (twin["mean"], twin["per_problem"])
     assert twins.evaluation_shard_names("nightly-a", 1, "heldout") == []
-    runs = subprocess.run(
-        ["sacct", "-n", "-X", "-D", "-P", "-o", "JobID,State", "-j", outcome.job_id],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
-    assert len(runs) >= 2 and runs[0].endswith(("|REQUEUED", "|PREEMPTED")), runs  # the same task, run again
+    runs = accounted_states(outcome.job_id)
+    assert len(runs) >= 2 and runs[0] in ("REQUEUED", "PREEMPTED"), runs  # the same task, run again
 
 
 def test_a_task_warned_of_its_time_limit_abandons_the_call_in_flight_requeues_and_ends_with_the_twins_numbers(
@@ -134,11 +132,8 @@ def test_a_task_warned_of_its_time_limit_abandons_the_call_in_flight_requeues_an
     assert (record["resumed_shards"], record["shards"], record["jobs"]) == (1, 4, [job])
     twin = _twin(twins, 3)
     assert (record["mean"], record["per_problem"]) == (twin["mean"], twin["per_problem"])
-    runs = subprocess.run(
-        ["sacct", "-n", "-X", "-D", "-P", "-o", "JobID,State", "-j", job],
-        capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
-    assert runs[0].endswith("|REQUEUED") and runs[-1].endswith("|COMPLETED"), runs  # requeued by itself
+    runs = accounted_states(job)
+    assert runs[0] == "REQUEUED" and runs[-1] == "COMPLETED", runs  # requeued by itself
 
 
 def test_a_task_killed_outright_leaves_its_shards_and_the_next_night_makes_only_the_rest(
