@@ -51,8 +51,8 @@ from probepo.presets import load_profile, load_run_config  # noqa: E402
 from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
 from probepo.spend_model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
-from slurm.backends import LocalBackend  # noqa: E402
 from slurm.check_spend import recipe_shape  # noqa: E402
+from slurm.local_backend import LocalBackend  # noqa: E402
 from slurm.runner import DriverJobRunner  # noqa: E402
 from tests.hf.tiny_qwen import qwen_config, qwen_tokenizer  # noqa: E402
 from tests.pipeline.sizes import committed_sizes  # noqa: E402

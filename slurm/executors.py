@@ -13,7 +13,8 @@ from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.execution import InlineRunner, StageRunner
 from probepo.schedule import Stage, resident_refusal
-from slurm.backends import Backend, LocalBackend, SlurmBackend
+from slurm.backends import Backend, SlurmBackend
+from slurm.local_backend import LocalBackend
 from slurm.runner import DriverJobRunner, JobRunner
 
 

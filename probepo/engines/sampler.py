@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -19,6 +18,7 @@ from safetensors.torch import load_file
 from torch import Tensor
 
 from probepo.engines.base import Chunk, Completion, SamplingParams, call_chunks
+from probepo.engines.decode_rows import DecodeRows, rescue_tokens_appended, sample_tokens
 from probepo.models.gpt import GPT, WEIGHTS_FILE, KVCache
 from probepo.spend import ByteKind
 
@@ -103,7 +103,7 @@ class ChunkedDecoding(ABC):
     ) -> list[list[Completion]]:
         """n continuations of each prefix; see GenerationEngine.continue_from: each call of `calls` decoded
         by `decode_chunks`, chunk c of `chunks` with seed `chunk_seed(seed, c)`."""
-        rescue_len = _rescue_len(rescue_ids, rescue_tokens)
+        rescue_len = rescue_tokens_appended(rescue_ids, rescue_tokens)
         self._check(prefixes, n, max_new_tokens, rescue_len, rescue_ids)  # every prefix, before any decoding
         plan = self.chunks(prefixes, n)
         results: list[list[Completion]] = [[] for _ in prefixes]
@@ -127,7 +127,7 @@ class ChunkedDecoding(ABC):
         """n continuations of each prefix of each chunk, in one engine call, chunk c's randomness from
         `chunks[c].seed` alone: bitwise the same wherever and whenever it runs (on CPU; on CUDA as far as
         its kernels are deterministic)."""
-        rescue_len = _rescue_len(rescue_ids, rescue_tokens)
+        rescue_len = rescue_tokens_appended(rescue_ids, rescue_tokens)
         for chunk in chunks:
             self._check(chunk.prefixes, n, chunk.max_new_tokens, rescue_len, rescue_ids)
         return self._decode_chunks(chunks, n, params, rescue_ids, rescue_len)
@@ -349,63 +349,3 @@ class TorchGenerationEngine(LockstepDecoding[KVCache]):
 
     def _sample(self, logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
         return sample_tokens(logits, temperature, top_p, generator)
-
-
-@dataclass
-class DecodeRows:
-    """Decoding state of the rows still in the batch, each [R]; valid [R, S] marks real key slots."""
-
-    ids: Tensor  # row index in the call's output
-    lengths: Tensor  # prefix length: position of the first new token
-    limits: Tensor
-    valid: Tensor
-    count: Tensor  # tokens emitted
-    done: Tensor
-    stopped: Tensor
-    rescued: Tensor
-    rescue_start: Tensor  # count when the rescue began
-
-    @classmethod
-    def start(cls, lengths: Tensor, limits: Tensor, valid: Tensor, device: torch.device) -> DecodeRows:
-        R = len(lengths)
-        zeros = torch.zeros(R, dtype=torch.long, device=device)
-        false = torch.zeros(R, dtype=torch.bool, device=device)
-        ids = torch.arange(R, device=device)
-        return cls(ids, lengths, limits, valid, zeros, false, false.clone(), false.clone(), zeros.clone())
-
-    def select(self, keep: Tensor) -> DecodeRows:
-        return DecodeRows(*(getattr(self, f.name)[keep] for f in fields(self)))
-
-    def flags(self) -> list[bool]:
-        """[any done, all done, done are a quarter or more, any rescued]: the step's one device sync."""
-        done = self.done
-        return torch.stack([done.any(), done.all(), 4 * done.sum() >= len(done), self.rescued.any()]).tolist()
-
-    def update_phase(self, rescue_len: int) -> None:
-        """Rows at their limit enter the rescue (or finish without one); rescues that are over finish."""
-        at_limit = ~self.done & ~self.rescued & (self.count >= self.limits)
-        if rescue_len:
-            self.rescued |= at_limit
-            self.rescue_start = torch.where(at_limit, self.count, self.rescue_start)
-            self.done |= self.rescued & (self.count - self.rescue_start >= rescue_len)
-        else:
-            self.done |= at_limit
-
-
-def _rescue_len(rescue_ids: Sequence[int], rescue_tokens: int) -> int:
-    """Tokens a cutoff rescue appends (its forced ids, then its greedy tokens); 0 without one."""
-    return len(rescue_ids) + rescue_tokens if rescue_tokens > 0 else 0
-
-
-def sample_tokens(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
-    """One token per row of logits [R, V] → [R]: greedy at temperature 0, else a draw from the
-    temperature-scaled softmax restricted to its top-p nucleus (exponential race: argmax p / Exp(1))."""
-    if temperature == 0:
-        return logits.argmax(-1)
-    probs = torch.softmax(logits / temperature, dim=-1)
-    if top_p < 1:
-        sorted_probs, index = probs.sort(dim=-1, descending=True)
-        outside = (sorted_probs.cumsum(-1) - sorted_probs) >= top_p  # the first token always stays
-        probs = probs.masked_fill(outside.scatter(-1, index, outside), 0.0)
-    noise = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / noise).argmax(-1)

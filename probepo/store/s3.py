@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, BinaryIO
-from urllib.parse import urlsplit, urlunsplit
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -27,42 +26,28 @@ from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
-    ConnectionClosedError,
-    ConnectTimeoutError,
-    CredentialRetrievalError,
-    EndpointConnectionError,
-    IncompleteReadError,
-    NoCredentialsError,
-    PartialCredentialsError,
-    ReadTimeoutError,
-    ResponseStreamingError,
 )
 from s3transfer.utils import ChunksizeAdjuster
 
 from probepo.store.capabilities import Conditionals, bare_etag, require_conditionals
 from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
 from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned
+from probepo.store.s3_errors import (
+    CONFLICT_CODES,
+    MISSING_CODES,
+    PRECONDITION_CODES,
+    STREAM_ERRORS,
+    error_code,
+    redact_url,
+    translated_errors,
+    was_retried,
+)
 
 MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 8 << 20
 TRANSFER_CONCURRENCY = 10
 DEFAULT_MAX_ATTEMPTS = 10
 CONFLICT_RETRIES = 5
-# A body cut off mid-stream is not covered by botocore's request retries: we retry those reads ourselves.
-_STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
-_CREDENTIAL_ERRORS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
-_REFUSED_CODES = {
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "AccessDenied",
-    "ExpiredToken",
-    "InvalidToken",
-}
-_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
-_PRECONDITION_CODES = {"PreconditionFailed", "412"}
-_CONFLICT_CODES = {"ConditionalRequestConflict", "409"}
-
-
 _SESSION_LOCK = threading.Lock()
 
 
@@ -70,25 +55,6 @@ _SESSION_LOCK = threading.Lock()
 def _session(profile: str | None) -> boto3.session.Session:
     """One session per profile: creating one reloads the service models (~0.2 s), so share it."""
     return boto3.session.Session(profile_name=profile)
-
-
-def redact_url(url: str | None) -> str:
-    """The URL without any user:password part, for messages."""
-    if not url:
-        return "<default AWS endpoint>"
-    parts = urlsplit(url)
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, "", ""))
-
-
-def _code(error: ClientError) -> str:
-    return str(error.response.get("Error", {}).get("Code", ""))
-
-
-def _was_retried(error: ClientError) -> bool:
-    return int(error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
 
 
 class S3ObjectStore(ObjectStore):
@@ -134,46 +100,9 @@ class S3ObjectStore(ObjectStore):
             use_threads=True,
         )
 
-    # -- error translation -------------------------------------------------------------------------
-
-    @contextlib.contextmanager
-    def _errors(self, action: str, key: str) -> Iterator[None]:
-        """Turn botocore failures into store errors that name endpoint, bucket and key (never a secret)."""
-        where = f"S3 endpoint {self.endpoint}, bucket {self.bucket!r}"
-        try:
-            yield
-        except _CREDENTIAL_ERRORS:
-            raise StoreUnreachable(
-                f"{where}: no usable AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
-                "AWS_SECRET_ACCESS_KEY (or an instance role)"
-            ) from None
-        except (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError) as exc:
-            raise StoreUnreachable(
-                f"{where}: cannot connect ({type(exc).__name__}) while trying to {action} {key!r}; "
-                "check that the endpoint is up and that AWS_ENDPOINT_URL_S3 (or the profile endpoint_url) "
-                "points at it"
-            ) from None
-        except ClientError as exc:
-            code = _code(exc)
-            if code == "NoSuchBucket":
-                raise StoreUnreachable(
-                    f"{where}: the bucket does not exist; create it or fix the URL"
-                ) from None
-            if code in _REFUSED_CODES:
-                raise StoreUnreachable(
-                    f"{where}: request refused ({code}) while trying to {action} {key!r}; check the "
-                    "credentials, profile and bucket policy"
-                ) from None
-            if code == "MissingContentLength" and self.client.meta.endpoint_url.startswith("https:"):
-                # botocore's default over HTTPS: the body aws-chunked with a trailing checksum (Ceph RGW 16)
-                raise StoreError(
-                    f"{where}: the endpoint refused a streamed upload with a trailing checksum while trying "
-                    f"to {action} {key!r}; set AWS_REQUEST_CHECKSUM_CALCULATION=when_required (or "
-                    "request_checksum_calculation = when_required in the AWS profile)"
-                ) from None
-            raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
-        except BotoCoreError as exc:
-            raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
+    def _errors(self, action: str, key: str) -> contextlib.AbstractContextManager[None]:
+        https = self.client.meta.endpoint_url.startswith("https:")
+        return translated_errors(f"S3 endpoint {self.endpoint}, bucket {self.bucket!r}", action, key, https)
 
     def _full(self, key: str) -> str:
         return self.root + key
@@ -292,13 +221,13 @@ class S3ObjectStore(ObjectStore):
                     )
                     return response["ETag"]
                 except ClientError as exc:
-                    code = _code(exc)
-                    if code in _PRECONDITION_CODES:
-                        if _was_retried(exc):
+                    code = error_code(exc)
+                    if code in PRECONDITION_CODES:
+                        if was_retried(exc):
                             current = self.get_versioned(key)
                             return current.etag if current is not None and current.data == data else None
                         return None
-                    if code not in _CONFLICT_CODES:
+                    if code not in CONFLICT_CODES:
                         raise
             # 409: a concurrent conditional write on the key was in flight; S3 asks us to retry.
             time.sleep(0.05 * 2**attempt)
@@ -321,12 +250,12 @@ class S3ObjectStore(ObjectStore):
                 try:
                     response: dict[str, Any] = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
                 except ClientError as exc:
-                    if _code(exc) in _MISSING_CODES:
+                    if error_code(exc) in MISSING_CODES:
                         return None
                     raise
                 try:
                     return response["Body"].read(), response["ETag"]
-                except _STREAM_ERRORS:
+                except STREAM_ERRORS:
                     attempt += 1
                     if attempt == self._max_attempts:
                         raise
@@ -356,7 +285,7 @@ class S3ObjectStore(ObjectStore):
             try:
                 self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
             except ClientError as exc:
-                if _code(exc) in _MISSING_CODES:
+                if error_code(exc) in MISSING_CODES:
                     raise ObjectMissing(f"no object {key!r} in {self.url}") from None
                 raise
         return sink.digest()
@@ -367,7 +296,7 @@ class S3ObjectStore(ObjectStore):
                 self.client.head_object(Bucket=self.bucket, Key=self._full(key))
                 return True
             except ClientError as exc:
-                if _code(exc) in _MISSING_CODES:
+                if error_code(exc) in MISSING_CODES:
                     return False
                 raise
 
@@ -416,7 +345,7 @@ class S3ObjectStore(ObjectStore):
                 )
                 return True
             except ClientError as exc:
-                if _code(exc) in _PRECONDITION_CODES | _MISSING_CODES:
+                if error_code(exc) in PRECONDITION_CODES | MISSING_CODES:
                     return False
                 raise
 

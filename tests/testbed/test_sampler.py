@@ -5,7 +5,8 @@ import torch
 
 from probepo.config import ModelConfig, SamplingConfig
 from probepo.engines.base import SamplingParams, call_chunks
-from probepo.engines.sampler import TorchGenerationEngine, call_plan, sample_tokens
+from probepo.engines.decode_rows import sample_tokens
+from probepo.engines.sampler import TorchGenerationEngine, call_plan
 from probepo.models import GPT, save_model
 
 EOS = 2
