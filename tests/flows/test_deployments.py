@@ -26,6 +26,7 @@ import yaml
 from probepo.pipeline import train
 from tests.flows import NEEDS_PREFECT
 from tests.pipeline.conftest import tiny_config
+from tests.slurm.drill import accounted_states
 
 pytestmark = [
     pytest.mark.integration,
@@ -195,9 +196,7 @@ def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cance
     assert run.state.is_cancelled(), run.state
     job_id = str(job["job_id"])
     assert run.state.message == f"run cancelled-warm-up cancelled; jobs ended: {job_id}", run.state.message
-    ended = _wait_until(
-        lambda: _sacct_state(job_id) not in ("", "RUNNING", "PENDING") and _sacct_state(job_id)
-    )
+    ended = accounted_states(job_id, timeout_s=300)[-1]
     assert ended.startswith("CANCELLED"), ended
     assert [c["jobs"] for c in warm_store.cancellations(warming)] == [[job_id]]
     assert [c["jobs"] for c in warm_store.cancellations("cancelled-warm-up")] == [[job_id]]
@@ -208,12 +207,6 @@ def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cance
         (f"warmup · update 0 · job {job_id}", "CANCELLED")
     ]
     assert tasks[0].state.message == f"job {job_id} cancelled with the run"
-
-
-def _sacct_state(job_id: str) -> str:
-    listed = subprocess.run(["sacct", "-n", "-X", "-P", "-o", "State", "-j", job_id], capture_output=True,
-                            text=True, timeout=30)  # fmt: skip
-    return listed.stdout.strip().splitlines()[-1] if listed.stdout.strip() else ""
 
 
 def _flow_run_logs(flow_run_id, until=lambda records: True, timeout_s: float = 30) -> list:

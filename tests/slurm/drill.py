@@ -34,7 +34,8 @@ def accounted_states(job_id: str, timeout_s: float = 60.0) -> list[str]:
     for a moment after the caller has its result."""
     deadline = time.monotonic() + timeout_s
     while True:
-        states = slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State", "-j", job_id).split()
+        # a line a record: a state may hold spaces ("CANCELLED by 0")
+        states = slurm("sacct", "-n", "-X", "-D", "-P", "-o", "State", "-j", job_id).splitlines()
         if states and states[-1].startswith(ACCOUNTED_AS_ENDED):
             return states
         assert time.monotonic() < deadline, f"job {job_id}: sacct still shows {states} after {timeout_s} s"
