@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from probepo.presets import ConfigError
 from probepo.store import StoreError, open_store
 from probepo.store.cli import StoreOption, store_url
 
@@ -35,7 +36,7 @@ def jobs(
         records = opened.jobs(run_id)
         attempts = opened.attempts(run_id)
         metrics = opened.read_metrics(run_id)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         raise fail(str(exc)) from None
     per_job = accounted(records)
     costs = attribute(run_id, records, per_job, attempts, metrics)
@@ -75,7 +76,7 @@ def logs(
         opened = open_store(store_url(store))
         opened.read_run(run_id)
         records = opened.jobs(run_id)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         raise fail(str(exc)) from None
     if not records:
         raise fail(
@@ -115,7 +116,7 @@ def report(
         opened = open_store(store_url(store))
         costs = {run_id: run_costs(opened, run_id) for run_id in run_ids}
         path = write_report(opened, run_ids, outdir, costs=costs)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         raise fail(str(exc)) from None
     typer.echo(path.read_text())
     typer.echo(f"written: {path}")

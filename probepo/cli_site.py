@@ -118,6 +118,7 @@ def check(
     try:
         fields = preset_fields(config)
         execution = run_execution(_is_testbed(fields), executor, profile, _checkpoint_every(fields))
+        checked_store = store_url(store, fields.get("store", DEFAULT_STORE_URL))
     except ConfigError as exc:
         typer.echo(f"FAIL {exc}")
         raise typer.Exit(2) from None
@@ -127,7 +128,7 @@ def check(
         fields,
         execution.executor,
         execution.profile,
-        store=store_url(store, fields.get("store", DEFAULT_STORE_URL)),
+        store=checked_store,
         probe_job=probe_job,
         source=str(config),
     )

@@ -161,6 +161,14 @@ def _preset_config(config: Path, algo: str | None, updates: int | None, sets: li
         raise fail(str(exc)) from None
 
 
+def _store_of(explicit: str | None, recipe: str) -> str:
+    """`store_url`, a site file that does not read refused in one line."""
+    try:
+        return store_url(explicit, recipe)
+    except ConfigError as exc:
+        raise fail(str(exc)) from None
+
+
 def _train(
     config: RunConfig,
     run_id: str,
@@ -234,7 +242,7 @@ def train(
     """Train (or resume) a run from a preset: every stage of every update is committed to the store, after
     the checks of `probepo check` (--no-check skips them)."""
     run_config = _preset_config(config, algo, updates, sets)
-    store = store_url(store, run_config.store)
+    store = _store_of(store, run_config.store)
     _, runner, execution = _checked(run_config, executor, profile, store, not no_check)
     _train(
         run_config,
@@ -271,6 +279,8 @@ def launch(
     flow's checks run here first (the same one-line refusal; --no-check leaves them to the flow run); a
     worker of the deployment's pool runs it; PREFECT_API_URL names the server."""
     run_config = _preset_config(config, algo, updates, sets)
+    # the flow run opens the store this machine's commands would (the site's, as the UI's form has it)
+    run_config = with_overrides(run_config, store=_store_of(None, run_config.store))
     chosen, *_ = _checked(run_config, executor, profile, run_config.store, not no_check)
     from probepo.launch import LaunchError, create_flow_run
 
@@ -310,7 +320,7 @@ def resume(
     try:
         opened = open_store(store_url(store))
         record = opened.read_run(run_id)
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         raise _failed(exc) from None
     try:
         config = validate_run_config(record["config"], f"run {run_id}: its stored recipe")

@@ -202,12 +202,16 @@ def load_profile(path: str | PathLike[str] | None) -> ExecutionProfile:
 
 
 def load_site_file(path: str | PathLike[str]) -> SiteConfig:
-    """A site file's settings, its `profile` made absolute (a relative one is from the site file's folder).
-    Raises ConfigError naming file and field."""
+    """A site file's settings, its `profile` and a folder `store` made absolute (a relative one is from the
+    site file's folder). Raises ConfigError naming file and field."""
     try:
         site = SiteConfig.model_validate(_read_yaml(path, "site file"))
     except ValidationError as exc:
         raise explain(exc, str(path), root=SiteConfig) from None
-    if site.profile is None:
-        return site
-    return site.model_copy(update={"profile": str((Path(path).resolve().parent / site.profile).resolve())})
+    folder = Path(path).resolve().parent
+    absolute = {}
+    if site.profile is not None:
+        absolute["profile"] = str((folder / site.profile).resolve())
+    if site.store is not None and "://" not in site.store:
+        absolute["store"] = str((folder / Path(site.store).expanduser()).resolve())
+    return site.model_copy(update=absolute)

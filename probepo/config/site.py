@@ -29,7 +29,8 @@ class SiteConfig(Strict):
 
     store: str | None = Field(None, min_length=1)
     """Where the team's runs live: `s3://bucket/prefix` or a folder every node shares. Every train
-    deployment's recipe gets it, and the resume, evaluate and nightly deployments default to it. None:
+    deployment's recipe gets it, the resume, evaluate and nightly deployments default to it, and so does
+    the command line after `--store` and $PROBEPO_STORE (probepo/store/cli.py: store_url). None:
     each recipe keeps its own store (the testbed's `./store`, in the worker's checkout) and the nightly
     evaluation refuses to start."""
 

@@ -1,6 +1,7 @@
 """`probepo store ls|verify|invalidate|gc`: inspect, re-check, repair and clean a run in the artifact store.
 
-The store URL comes from `--store`, else the environment variable PROBEPO_STORE, else `./store`.
+The store URL comes from `--store`, else the environment variable PROBEPO_STORE, else the site file's `store`,
+else `./store` (`store_url`, every command alike).
 Store errors print one line on stderr and exit with code 2; `verify` exits 1 when it finds corruption.
 """
 
@@ -36,24 +37,36 @@ StoreOption = Annotated[
     str | None,
     typer.Option(
         "--store",
-        help="Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE, else the preset's `store`"
-        f" (train, check, demo), else {DEFAULT_STORE_URL}.",
+        help="Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE, else the site file's"
+        " `store` ($PROBEPO_SITE, else site.yaml in the checkout), else the preset's (train, check, demo),"
+        f" else {DEFAULT_STORE_URL}.",
     ),
 ]
 
 
 def store_url(explicit: str | None, recipe: str = DEFAULT_STORE_URL) -> str:
-    """The store URL to use, every command alike: the option, else $PROBEPO_STORE, else the recipe's `store`
-    (for a command that reads a recipe), else ./store."""
-    return explicit or os.environ.get("PROBEPO_STORE") or recipe
+    """The store URL to use, every command alike: the option, else $PROBEPO_STORE, else the site file's
+    `store` (the team's, which its deployments put in every recipe, so that `probepo resume` finds a run the
+    UI launched), else the recipe's `store` (for a command that reads a recipe), else ./store. Raises
+    ConfigError for a site file that does not read."""
+    from probepo.config.site import site_file
+    from probepo.presets import load_site_file  # the presets' reader, read only where the site decides
+
+    given = explicit or os.environ.get("PROBEPO_STORE")
+    if given:
+        return given
+    named = site_file()
+    return (load_site_file(named).store if named is not None else None) or recipe
 
 
 @contextmanager
 def _store(explicit: str | None) -> Iterator[ArtifactStore]:
     """Open the store; any store error becomes one line on stderr and exit code 2 (no traceback)."""
+    from probepo.presets import ConfigError
+
     try:
         yield open_store(store_url(explicit))
-    except StoreError as exc:
+    except (StoreError, ConfigError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 

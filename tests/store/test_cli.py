@@ -9,6 +9,7 @@ from typer.testing import CliRunner
 
 from probepo.cli import app
 from probepo.store import open_store
+from probepo.store.cli import store_url
 from probepo.store.keys import RunLayout
 
 runner = CliRunner()
@@ -64,3 +65,40 @@ def test_store_errors_are_one_line_with_exit_2(tmp_path: Path) -> None:
     assert result.exit_code == 2
     assert result.output.strip().count("\n") == 0 and "run 'nope' not found" in result.output
     assert "Traceback" not in result.output
+
+
+@pytest.fixture
+def site(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """A site file named by $PROBEPO_SITE (its content is each test's), and no $PROBEPO_STORE."""
+    monkeypatch.delenv("PROBEPO_STORE", raising=False)
+    path = tmp_path / "site.yaml"
+    monkeypatch.setenv("PROBEPO_SITE", str(path))
+    return path
+
+
+def test_the_site_files_store_comes_after_the_option_and_the_environment_before_the_recipes(
+    populated: str, site: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    site.write_text(f"store: {populated}\n")
+    assert store_url(None, "./recipe-store") == populated  # a run the UI launched is where resume looks
+    assert runner.invoke(app, ["store", "ls"]).output.split() == ["demo"]
+    elsewhere = str(tmp_path / "elsewhere")
+    assert store_url(elsewhere) == elsewhere
+    monkeypatch.setenv("PROBEPO_STORE", elsewhere)
+    assert store_url(None, "./recipe-store") == elsewhere
+    monkeypatch.delenv("PROBEPO_STORE")
+    site.write_text("store: runs\n")  # a folder, as the site's other paths: from the site file's folder
+    assert store_url(None) == str(site.parent / "runs")
+    site.write_text("executor: local\n")  # a site without a store leaves each recipe its own
+    assert store_url(None, "./recipe-store") == "./recipe-store"
+
+
+def test_a_site_file_that_does_not_read_is_one_error_line_naming_it(site: Path) -> None:
+    site.write_text("stor: s3://team/probepo\n")
+    refusal = f"error: {site}: stor: no such field; did you mean store?"
+    result = runner.invoke(app, ["store", "ls"])
+    assert (result.exit_code, result.output.strip().splitlines()) == (2, [refusal])
+    train = ["train", "configs/cpu-demo.yaml", "--run-id", "x"]
+    for command in (["jobs", "demo"], ["resume", "demo"], train):
+        result = runner.invoke(app, command)
+        assert (result.exit_code, result.output.splitlines()[-1]) == (2, refusal)
