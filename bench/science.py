@@ -77,11 +77,14 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 
+from benchlib import cpu_kind
+from science_cpu import one_kind, stamp, stamps
 from science_output import markdown, plot, write_outputs
 from science_plan import PLAN, ROOT, Testbed, arm_config, run_id
 from science_report import analyse, collect, committed_arms
 
 from probepo.config import RunConfig
+from probepo.stages.warmup import STAGE as WARMUP_STAGE
 from probepo.stages.warmup import warmup_run_id
 from probepo.store import open_store
 
@@ -98,7 +101,9 @@ def _train(config_json: str, run: str, log: str) -> str:
     _log_to(log)
     from probepo.pipeline import train
 
-    train(RunConfig.model_validate_json(config_json), run)
+    config = RunConfig.model_validate_json(config_json)
+    stamp(open_store(config.store), run)
+    train(config, run)
     return run
 
 
@@ -108,7 +113,10 @@ def _warmup(config_json: str, log: str) -> str:
     from probepo.pipeline import ensure_warmup
 
     config = RunConfig.model_validate_json(config_json)
-    return ensure_warmup(config, open_store(config.store))
+    store, warmup = open_store(config.store), warmup_run_id(config)
+    if not store.committed(warmup, 0, WARMUP_STAGE):  # a finished one is only read, on any kind of CPU
+        stamp(store, warmup)
+    return ensure_warmup(config, store)
 
 
 def execute(
@@ -123,14 +131,16 @@ def execute(
     logs.mkdir(parents=True, exist_ok=True)
     todo = []
     for testbed in plan:
+        planned = []
         for arm in testbed.arms:
-            if arms is not None and arm.name not in arms:
-                continue
-            for seed in arm.seed_range[: (arms or {}).get(arm.name)]:
+            chosen = arm.seed_range if arms is None else arm.seed_range[: arms.get(arm.name, 0)]
+            for seed in arm.seed_range:
                 config = arm_config(testbed, arm, seed, store_url)
-                run = run_id(testbed, arm, config)
-                if not resume_point(store, run, config).done:
+                planned.append(run := run_id(testbed, arm, config))
+                if seed in chosen and not resume_point(store, run, config).done:
                     todo.append((config, run, testbed.name, arm.cost))
+        if any(item[2] == testbed.name for item in todo):
+            one_kind(f"testbed {testbed.name}", stamps(store, planned), cpu_kind())  # before any run of it
     order = {t.name: i for i, t in enumerate(plan)}  # testbed by testbed, the longest runs first in each
     todo.sort(key=lambda item: (order[item[2]], -item[3]))
     print(f"{len(todo)} runs to do in {store_url} ({jobs} at a time); logs in {logs}", flush=True)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine
+from science_cpu import one_kind, stamps, trained_on
 from science_plan import (
     EARLIER_ENGINE,
     ENGINE,
@@ -161,10 +161,10 @@ def committed_arms(path: Path = RESULTS) -> dict[tuple[str, str], dict[str, Any]
 
 def _stored(
     testbed: Testbed, arm: Arm, store: ArtifactStore, stored: set[str]
-) -> tuple[list[Curve], list[dict[str, float]]]:
-    """The arm's finished runs in the store and their diagnostics, up to its first unfinished seed (seeds
-    pair by index)."""
-    curves, diagnosed = [], []
+) -> tuple[list[Curve], list[dict[str, float]], list[str]]:
+    """The arm's finished runs in the store, their diagnostics and run ids, up to its first unfinished seed
+    (seeds pair by index)."""
+    curves, diagnosed, runs = [], [], []
     for seed in arm.seed_range:
         config = arm_config(testbed, arm, seed, store.url)
         run = run_id(testbed, arm, config)
@@ -173,7 +173,8 @@ def _stored(
             break
         curves.append(curve)
         diagnosed.append(diagnostics(store, run, testbed.updates))
-    return curves, diagnosed
+        runs.append(run)
+    return curves, diagnosed, runs
 
 
 def _reruns(
@@ -226,8 +227,11 @@ def collect(
     for testbed in plan:
         to_carry: list[tuple[ArmResult, dict[str, Any]]] = []
         changed = False
+        testbed_runs: list[str] = []
         for arm in testbed.arms:
-            curves, diagnosed = _stored(testbed, arm, store, stored)
+            what = f"{testbed.name}/{arm.name}"
+            curves, diagnosed, runs = _stored(testbed, arm, store, stored)
+            testbed_runs += runs
             before = committed.get((testbed.name, arm.name))
             if before is not None and (before["overrides"], before["first_seed"]) != (
                 arm.overrides,
@@ -241,6 +245,7 @@ def collect(
                     # The same runs read again keep their date; any rerun or new seed is measured today.
                     same = before is not None and curves == old
                     measured = before["measured"] if same else today
+                    trained = before.get("machine", "") if same else trained_on(what, store, runs)
                     result = ArmResult(
                         arm,
                         curves,
@@ -250,7 +255,7 @@ def collect(
                         reproduced,
                         differs,
                         engine=before.get("engine", EARLIER_ENGINE) if same else ENGINE,
-                        machine=before.get("machine", "") if same else machine(),
+                        machine=trained,
                     )
                     results.setdefault(testbed.name, {})[arm.name] = result
                     changed |= bool(differs) and not before.get("withheld")
@@ -272,6 +277,7 @@ def collect(
                 machine=before.get("machine", ""),
             )
             to_carry.append((carried, before))
+        one_kind(f"testbed {testbed.name}", stamps(store, testbed_runs))
         from_store = list(results.get(testbed.name, {}).values())
         for carried, before in to_carry:
             other_start = any(not _same_start(result.curves, carried.curves) for result in from_store)

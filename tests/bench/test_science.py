@@ -11,14 +11,19 @@ import pytest
 
 from probepo.report import RunCurves
 from probepo.stats import paired_t_power
+from probepo.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import science_cpu
 import science_output
 import science_plan
 import science_report
+from benchlib import cpu_kind
 from science_report import ArmResult, Curve
 
 N = 2
+UNSTAMPED = SimpleNamespace(list=lambda prefix: iter(()))
+"""The objects of a store whose runs were trained before science_cpu's stamps."""
 DIAGNOSED = {"residual_to_grpo_advantage": 0.1, "zero_signal_groups": 0.5, "probe_success_rate": 0.3}
 
 
@@ -130,7 +135,7 @@ def test_committed_runs_are_carried_and_a_rerun_must_reproduce_them(monkeypatch)
         }
     }
     store_runs: dict[str, RunCurves] = {}
-    store = SimpleNamespace(url="memory://science", runs=lambda: list(store_runs))
+    store = SimpleNamespace(url="memory://science", runs=lambda: list(store_runs), objects=UNSTAMPED)
     monkeypatch.setattr(science_report, "load_curves", lambda _store, run: store_runs[run])
     monkeypatch.setattr(science_report, "diagnostics", lambda *_: DIAGNOSED)
     ids = [
@@ -201,7 +206,7 @@ def test_a_testbed_whose_rerun_changed_withholds_its_committed_arms(monkeypatch)
     }
     run = science_plan.run_id(testbed, grpo, science_plan.arm_config(testbed, grpo, 0, "memory://science"))
     store_runs = {run: _run_curves(curves("new", [0.3, 0.4, 0.5], 100, 1))}
-    store = SimpleNamespace(url="memory://science", runs=lambda: list(store_runs))
+    store = SimpleNamespace(url="memory://science", runs=lambda: list(store_runs), objects=UNSTAMPED)
     monkeypatch.setattr(science_report, "load_curves", lambda _store, run: store_runs[run])
     monkeypatch.setattr(science_report, "diagnostics", lambda *_: DIAGNOSED)
 
@@ -281,3 +286,22 @@ def test_time_to_reach_compares_wall_times_only_within_one_session():
     assert "ratio_wall" not in across and across["ratio_tokens"] == within["ratio_tokens"]
     text = science_output._reach_text(across)
     assert "× VinePPO's sampled tokens" in text and "wall times are not compared" in text
+
+
+def test_a_run_is_finished_on_the_kind_of_cpu_that_began_it_and_a_testbed_is_one_kinds(tmp_path, monkeypatch):
+    store = open_store(tmp_path / "store")
+    science_cpu.stamp(store, "run-a")
+    science_cpu.stamp(store, "run-a")  # resumed on the same kind
+    mine = science_cpu.stamps(store, ["run-a", "run-b"])
+    assert list(mine) == ["run-a"] and mine["run-a"]["cpu"] == cpu_kind()
+    assert science_cpu.one_kind("testbed t", mine, cpu_kind()) == mine["run-a"]["machine"]
+    assert science_cpu.trained_on("t/grpo", store, ["run-b"]) == science_cpu.machine()  # before the stamps
+    monkeypatch.setattr(science_cpu, "cpu_kind", lambda: "Other CPU (AVX512 kernels)")
+    other = r"and this is Other CPU \(AVX512 kernels\): its bits would be two kinds of CPU's"
+    with pytest.raises(RuntimeError, match=rf"run run-a was begun on .* {other}"):
+        science_cpu.stamp(store, "run-a")
+    science_cpu.stamp(store, "run-b")
+    with pytest.raises(SystemExit, match=r"testbed t: its runs are of 2 kinds of CPU"):
+        science_cpu.trained_on("testbed t", store, ["run-a", "run-b"])
+    with pytest.raises(SystemExit, match=r"testbed t: its runs are of 2 kinds of CPU"):
+        science_cpu.one_kind("testbed t", science_cpu.stamps(store, ["run-a"]), "Other CPU (AVX512 kernels)")
