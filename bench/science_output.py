@@ -244,6 +244,7 @@ def write_outputs(results: dict[str, Any], wall_s: float | None, command: str) -
         "probepo_minus_grpo": modchain.get("minus_grpo_equal_updates", {}).get("probepo"),
         "probepo_minus_grpo_equal_tokens": modchain.get("minus_grpo_equal_tokens", {}).get("probepo"),
         "before_the_engine_fixes": "bench/results/science-prefix-f30d05b.json",
+        "before_issue_48": "bench/results/science-before-48.json",
         "testbeds": results,
         "wall_s": wall_s,
         "machine": machine(),
