@@ -32,8 +32,8 @@ def stamp(store: ArtifactStore, run: str) -> None:
 
 def stamps(store: ArtifactStore, runs: Iterable[str]) -> dict[str, dict[str, str]]:
     """The stamps of those of `runs` that have one (runs trained before the stamps have none)."""
-    present = {info.key.removeprefix(STAMPS) for info in store.objects.list(STAMPS)}
-    return {run: json.loads(store.objects.get_bytes(STAMPS + run)) for run in runs if run in present}
+    found = {run: store.objects.get_versioned(STAMPS + run) for run in runs}
+    return {run: json.loads(got.data) for run, got in found.items() if got is not None}
 
 
 def one_kind(what: str, stamped: dict[str, dict[str, str]], expected: str | None = None) -> str | None:
@@ -50,7 +50,7 @@ def one_kind(what: str, stamped: dict[str, dict[str, str]], expected: str | None
     return next(iter(stamped.values()))["machine"] if stamped else None
 
 
-def trained_on(what: str, store: ArtifactStore, runs: Iterable[str]) -> str:
-    """The machine that trained `runs` (`what`'s: SystemExit if they are of two kinds of CPU), by their
-    stamps; this machine for runs trained before the stamps, which the analysis ran beside."""
-    return one_kind(what, stamps(store, runs)) or machine()
+def trained_on(what: str, stamped: dict[str, dict[str, str]]) -> str:
+    """The machine that trained `what`'s runs, by their stamps (SystemExit if they are of two kinds of CPU);
+    this machine for runs trained before the stamps, which the analysis ran beside."""
+    return one_kind(what, stamped) or machine()

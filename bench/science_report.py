@@ -227,11 +227,12 @@ def collect(
     for testbed in plan:
         to_carry: list[tuple[ArmResult, dict[str, Any]]] = []
         changed = False
-        testbed_runs: list[str] = []
+        testbed_stamps: dict[str, dict[str, str]] = {}
         for arm in testbed.arms:
             what = f"{testbed.name}/{arm.name}"
             curves, diagnosed, runs = _stored(testbed, arm, store, stored)
-            testbed_runs += runs
+            stamped = stamps(store, runs)
+            testbed_stamps.update(stamped)
             before = committed.get((testbed.name, arm.name))
             if before is not None and (before["overrides"], before["first_seed"]) != (
                 arm.overrides,
@@ -245,7 +246,7 @@ def collect(
                     # The same runs read again keep their date; any rerun or new seed is measured today.
                     same = before is not None and curves == old
                     measured = before["measured"] if same else today
-                    trained = before.get("machine", "") if same else trained_on(what, store, runs)
+                    trained = before.get("machine", "") if same else trained_on(what, stamped)
                     result = ArmResult(
                         arm,
                         curves,
@@ -277,7 +278,7 @@ def collect(
                 machine=before.get("machine", ""),
             )
             to_carry.append((carried, before))
-        one_kind(f"testbed {testbed.name}", stamps(store, testbed_runs))
+        one_kind(f"testbed {testbed.name}", testbed_stamps)
         from_store = list(results.get(testbed.name, {}).values())
         for carried, before in to_carry:
             other_start = any(not _same_start(result.curves, carried.curves) for result in from_store)

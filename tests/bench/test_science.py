@@ -22,7 +22,7 @@ from benchlib import cpu_kind
 from science_report import ArmResult, Curve
 
 N = 2
-UNSTAMPED = SimpleNamespace(list=lambda prefix: iter(()))
+UNSTAMPED = SimpleNamespace(get_versioned=lambda key: None)
 """The objects of a store whose runs were trained before science_cpu's stamps."""
 DIAGNOSED = {"residual_to_grpo_advantage": 0.1, "zero_signal_groups": 0.5, "probe_success_rate": 0.3}
 
@@ -295,13 +295,15 @@ def test_a_run_is_finished_on_the_kind_of_cpu_that_began_it_and_a_testbed_is_one
     mine = science_cpu.stamps(store, ["run-a", "run-b"])
     assert list(mine) == ["run-a"] and mine["run-a"]["cpu"] == cpu_kind()
     assert science_cpu.one_kind("testbed t", mine, cpu_kind()) == mine["run-a"]["machine"]
-    assert science_cpu.trained_on("t/grpo", store, ["run-b"]) == science_cpu.machine()  # before the stamps
+    assert (
+        science_cpu.trained_on("t/grpo", science_cpu.stamps(store, ["run-b"])) == science_cpu.machine()
+    )  # before the stamps
     monkeypatch.setattr(science_cpu, "cpu_kind", lambda: "Other CPU (AVX512 kernels)")
     other = r"and this is Other CPU \(AVX512 kernels\): its bits would be two kinds of CPU's"
     with pytest.raises(RuntimeError, match=rf"run run-a was begun on .* {other}"):
         science_cpu.stamp(store, "run-a")
     science_cpu.stamp(store, "run-b")
     with pytest.raises(SystemExit, match=r"testbed t: its runs are of 2 kinds of CPU"):
-        science_cpu.trained_on("testbed t", store, ["run-a", "run-b"])
+        science_cpu.trained_on("testbed t", science_cpu.stamps(store, ["run-a", "run-b"]))
     with pytest.raises(SystemExit, match=r"testbed t: its runs are of 2 kinds of CPU"):
         science_cpu.one_kind("testbed t", science_cpu.stamps(store, ["run-a"]), "Other CPU (AVX512 kernels)")
