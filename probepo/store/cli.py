@@ -38,8 +38,8 @@ StoreOption = Annotated[
     typer.Option(
         "--store",
         help="Store URL (s3://bucket/prefix or a folder); default $PROBEPO_STORE, else the site file's"
-        " `store` ($PROBEPO_SITE, else site.yaml in the checkout), else the preset's (train, check, demo),"
-        f" else {DEFAULT_STORE_URL}.",
+        " `store` ($PROBEPO_SITE, else site.yaml in the checkout), else the preset's `store` (train, check,"
+        f" demo), else {DEFAULT_STORE_URL}.",
     ),
 ]
 
