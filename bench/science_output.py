@@ -168,7 +168,10 @@ def _notes(entry: dict[str, Any]) -> list[str]:
     changed = {name: arm["differs_from_committed"] for name, arm in entry["arms"].items()}
     for name, seeds in changed.items():
         if seeds:
-            lines.append(f"{name}: seeds {seeds} changed on rerun; the row is this store's measurement.")
+            lines.append(
+                f"{name}: seeds {_seed_list(seeds)} differ from the committed runs (another engine's or"
+                " another CPU's, or a changed run), which this store's measurement replaces."
+            )
     for name, d in entry.get("probepo_minus", {}).items():
         lines.append(
             f"ProbePO − {NAMES[name]} (paired by seed, equal updates): **{d['mean']:+.1f}** points, 95 % CI"
@@ -205,9 +208,14 @@ def _reruns(name: str, reproduced: list[dict[str, float]]) -> str:
     seeds = [int(r["seed"]) for r in reproduced]
     ratios = [r["wall_ratio"] for r in reproduced]
     span = f"{min(ratios):.2f}" if min(ratios) == max(ratios) else f"{min(ratios):.2f}–{max(ratios):.2f}"
-    contiguous = len(seeds) > 3 and seeds == list(range(seeds[0], seeds[-1] + 1))
-    listed = f"{seeds[0]}–{seeds[-1]}" if contiguous else ", ".join(map(str, seeds))
+    listed = _seed_list(seeds)
     return f"{name} seed{'s' if len(seeds) > 1 else ''} {listed}, wall time {span}× the committed runs'"
+
+
+def _seed_list(seeds: list[int]) -> str:
+    """E.g. "0–9" for a run of more than three seeds, else "0, 2, 5"."""
+    contiguous = len(seeds) > 3 and seeds == list(range(seeds[0], seeds[-1] + 1))
+    return f"{seeds[0]}–{seeds[-1]}" if contiguous else ", ".join(map(str, seeds))
 
 
 def markdown(results: dict[str, Any]) -> str:
