@@ -27,6 +27,7 @@ from probepo.report import load_curves, markdown
 from probepo.report_live import curves_markdown, metric_columns, rows_by_update, updates_done
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore
+from probepo.store.outage import RIDER
 from slurm.costs import run_costs, stage_totals
 
 
@@ -57,11 +58,12 @@ class Published:
     stage's summary joins its update's row as it commits, and the three are updated in place when an
     update's optimizer step commits, so the table holds that update already. Each is one artifact per flow
     run, not a new version per update: a run's key gains one version per flow run that drives it (its start
-    and each resume)."""
+    and each resume). Where the store stays unreachable, they show what was seen, and say so."""
 
     def __init__(self, store: ArtifactStore, run_id: str, num_updates: int) -> None:
         self.store, self.run_id, self.num_updates = store, run_id, max(num_updates, 1)
-        self.rows = rows_by_update(store.read_metrics(run_id))
+        self.rows: dict[int, dict[str, Any]] = {}
+        self._reread("reading the run's metrics for its progress")
         percent, said = self._progress()
         self.progress = create_progress_artifact(
             percent, key=artifact_key(run_id, "progress"), description=said
@@ -86,8 +88,14 @@ class Published:
     def metrics(self) -> None:
         """Progress, table and curves of every update the store holds (at the end: the final evaluation
         too), in place."""
-        self.rows = rows_by_update(self.store.read_metrics(self.run_id))
+        self._reread("reading the run's final metrics")
         self._publish()
+
+    def _reread(self, doing: str) -> None:
+        """The rows as the store's metrics have them; those seen so far where it stays unreachable."""
+        read, records = RIDER.unless_unreachable(doing, lambda: self.store.read_metrics(self.run_id))
+        if read:
+            self.rows = rows_by_update(records or [])
 
     def _publish(self) -> None:
         percent, said = self._progress()

@@ -26,6 +26,7 @@ from probepo.config import RunConfig, SiteConfig
 from probepo.config.site import site_file
 from probepo.errors import ExecutionError
 from probepo.presets import ConfigError, load_profile, load_run_config, load_site_file
+from probepo.staging import preset_name
 from slurm.executors import executor_for, executor_that_runs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,18 +73,17 @@ class Preset:
 
 
 def presets(site: SiteConfig, folder: Path) -> dict[str, Preset]:
-    """The recipe presets to deploy, by deployment name (the file's stem)."""
+    """The recipe presets to deploy, by deployment name (preset_name)."""
     stored = {"store": site.store} if site.store else {}
     found: dict[str, Preset] = {}
     for directory in (PRESETS, *(Path(_absolute(d, folder) or d) for d in site.recipes)):
         if not directory.is_dir():
             raise ConfigError(f"site recipes: {directory} is not a folder of recipe presets")
         for path in sorted(directory.glob("*.yaml")):
-            if path.stem in found:
-                raise ConfigError(
-                    f"{path}: a preset named {path.stem} exists already ({found[path.stem].path})"
-                )
-            found[path.stem] = Preset(path, load_run_config(path, stored))
+            name = preset_name(path)
+            if name in found:
+                raise ConfigError(f"{path}: a preset named {name} exists already ({found[name].path})")
+            found[name] = Preset(path, load_run_config(path, stored))
     return found
 
 

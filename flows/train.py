@@ -36,6 +36,7 @@ from probepo.preemption import Preempted
 from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
 from probepo.store import ArtifactStore, StoreError, open_store
+from probepo.store.outage import RIDER, OutageBudget
 from slurm import JobRunner
 from slurm.check import launchable
 from slurm.executors import ExecutorName
@@ -91,21 +92,24 @@ def _drive(
         return refused(f"run {run_id}", [*exc.problems, *worker_lacks(config)])
     except StoreError as exc:
         return refused(f"run {run_id}", [str(exc)])
-    published = Published(store, run_id, config.num_updates)
     shown = PrefectStageRunner(runner)
     events = Path(execution.job_folder).resolve() / run_id / "tensorboard"
+    outage = OutageBudget(execution.store_outage_s)  # how long an unreachable store is waited for
     try:
-        metrics = drive(
-            config,
-            run_id,
-            store=store,
-            progress=published,
-            say=logger.info,
-            runner=shown.for_driver,
-            tensorboard_dir=events,  # the resident executor's job writes its own, there too
-            holder_ended=holder_ended,  # a lease left by a driver job that ended is taken over at once
-            retention=execution.retention,
-        )
+        with RIDER.configured(outage):
+            published = Published(store, run_id, config.num_updates)
+            metrics = drive(
+                config,
+                run_id,
+                store=store,
+                progress=published,
+                say=logger.info,
+                runner=shown.for_driver,
+                tensorboard_dir=events,  # the resident executor's job writes its own, there too
+                holder_ended=holder_ended,  # a lease left by a driver job that ended is taken over at once
+                retention=execution.retention,
+            )
+            published.metrics()
     except Preempted:
         if not cancel_requested():
             raise  # preempted: the flow run crashes, `resume` goes on from the store
@@ -115,8 +119,8 @@ def _drive(
     except ExecutionError as exc:  # a stage failed in its job: its error and the end of its log
         logger.error(str(exc))
         return Failed(message=str(exc).splitlines()[0])
-    published.metrics()
-    publish_report(store, run_id, publish_costs(store, run_id))
+    with RIDER.configured(outage):
+        publish_report(store, run_id, publish_costs(store, run_id))
     return metrics
 
 

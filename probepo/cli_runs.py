@@ -28,7 +28,7 @@ def jobs(
     accounting, every run of a requeued job), the stage's attempts and log; then totals per stage and for
     the run (an inline run: its stages' wall time only)."""
     from slurm.costs import accounted, attribute, costs_table
-    from slurm.runner import jobs_table
+    from slurm.tables import jobs_table
 
     try:
         opened = open_store(store_url(store))

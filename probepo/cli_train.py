@@ -23,6 +23,7 @@ from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import ConfigError, load_run_config, validate_run_config, with_overrides
 from probepo.store import LeaseHeld, StoreError, open_store
 from probepo.store.cli import StoreOption, store_url
+from probepo.store.outage import RIDER, OutageBudget
 
 if TYPE_CHECKING:
     from probepo.execution import StageRunner
@@ -183,26 +184,28 @@ def _train(
 ) -> None:
     """Run the driver on `store` and turn every failure into one line; `command` is how the user resumes
     (advice). A lease held by a SLURM job that accounting shows ended is taken over at once
-    (slurm.holders)."""
+    (slurm.holders). An unreachable store is waited for up to the profile's store_outage_s, and while a
+    job runs the stages this process waits for it whatever the outage lasts (slurm/runner.py)."""
     from probepo.pipeline import train as run_training  # torch loads here, not for --help
     from slurm.holders import holder_ended
 
     events = tensorboard or Path("out") / "tensorboard" / run_id
     progress: ProgressFn = _Progress(quiet)
     try:
-        opened = open_store(store)
-        metrics = run_training(
-            config,
-            run_id,
-            store=opened,
-            progress=progress,
-            say=typer.echo,
-            tensorboard_dir=events,
-            take_over=take_over,
-            runner=runner,
-            holder_ended=holder_ended,
-            retention=profile.retention,
-        )
+        with RIDER.configured(OutageBudget(profile.store_outage_s)):
+            opened = open_store(store)
+            metrics = run_training(
+                config,
+                run_id,
+                store=opened,
+                progress=progress,
+                say=typer.echo,
+                tensorboard_dir=events,
+                take_over=take_over,
+                runner=runner,
+                holder_ended=holder_ended,
+                retention=profile.retention,
+            )
     except LeaseHeld as exc:
         raise fail(f"{exc}; if that driver is dead, take the run over: {command} --take-over") from None
     except (StoreError, ConfigError, ExecutionError) as exc:
@@ -269,8 +272,9 @@ def launch(
         str | None,
         typer.Option(
             "--deployment",
-            help="The Prefect deployment to run (flow/deployment); default: train/<the preset's name>, the"
-            " deployment infra/prefect/deploy.sh makes for it (any train deployment runs the recipe given).",
+            help="The Prefect deployment to run (flow/deployment); default: train/<the preset's name; a"
+            " staged recipe.yaml: its folder's>, the deployment infra/prefect/deploy.sh makes for it (any"
+            " train deployment runs the recipe given).",
         ),
     ] = None,
     no_check: NoCheckOption = False,
@@ -283,12 +287,13 @@ def launch(
     run_config = with_overrides(run_config, store=_store_of(None, run_config.store))
     chosen, *_ = _checked(run_config, executor, profile, run_config.store, not no_check)
     from probepo.launch import LaunchError, create_flow_run
+    from probepo.staging import preset_name
 
     parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": chosen.executor}
     if chosen.profile is not None:
         parameters["profile"] = str(Path(chosen.profile).resolve())
     try:
-        typer.echo(create_flow_run(deployment or f"train/{config.stem}", parameters))
+        typer.echo(create_flow_run(deployment or f"train/{preset_name(config)}", parameters))
     except LaunchError as exc:
         raise fail(str(exc)) from None
 

@@ -27,8 +27,6 @@ from probepo.store import StoreError, open_store
 
 TOKENIZER_FILES = (("tokenizer.json",), ("tokenizer.model",), ("vocab.json", "merges.txt"))
 """Any one of these sets is a tokenizer transformers can load (fast, SentencePiece, byte-level BPE)."""
-OPTIMIZER_BYTES = 8
-"""Adam's two moments, float32, per parameter."""
 
 
 class Refused(ValueError):
@@ -145,6 +143,7 @@ def model_files(model: ModelConfig) -> tuple[Findings, ModelFiles]:
     folder = model_folder(model, found)
     if folder is None:
         return found, ModelFiles()
+    from probepo.engines.hf.convert import BIN_FILE, BIN_INDEX_FILE, bin_shards, byte_size
     from probepo.engines.hf.loading import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, weight_shards
 
     named = f"model.pretrained = {model.pretrained}"
@@ -154,16 +153,38 @@ def model_files(model: ModelConfig) -> tuple[Findings, ModelFiles]:
     missing = [] if (folder / "config.json").is_file() else ["config.json"]
     if not any(all((folder / name).is_file() for name in names) for names in TOKENIZER_FILES):
         missing.append("a tokenizer (tokenizer.json, tokenizer.model, or vocab.json with merges.txt)")
+    index = WEIGHTS_INDEX_FILE
     try:
-        shards = weight_shards(folder) or [WEIGHTS_FILE]  # the folder the job loads from, shard by shard
+        shards = weight_shards(folder)  # the files the job loads, shard by shard
+        if not shards:
+            index, shards = BIN_INDEX_FILE, bin_shards(folder)
     except (json.JSONDecodeError, KeyError) as exc:
-        found.failures.append(f"{named}: {folder / WEIGHTS_INDEX_FILE} is not a weights index ({exc})")
+        found.failures.append(f"{named}: {folder / index} is not a weights index ({exc})")
         return found, ModelFiles()
-    missing += [shard for shard in shards if not (folder / shard).is_file()]
-    if missing:
+    absent = [shard for shard in shards if not (folder / shard).is_file()]
+    held = ""  # what the folder has of its weights, when they are what it lacks
+    if absent:
+        held = f"; it has {len(shards) - len(absent)} of the {len(shards)} shards {index} names"
+    elif not shards:
+        missing.append(
+            f"weights ({WEIGHTS_FILE}, or {WEIGHTS_INDEX_FILE} and its shards; or PyTorch's {BIN_FILE}, or"
+            f" {BIN_INDEX_FILE} and its shards)"
+        )
+        files = sorted(path.name for path in folder.iterdir())
+        held = f"; it holds {', '.join(files[:8]) or 'no file'}{', …' if len(files) > 8 else ''}"
+    if missing or absent:
         found.failures.append(
-            f"{named}: {folder} lacks {', '.join(missing)}: copy the model's complete folder (a"
-            " download interrupted midway leaves shards out)"
+            f"{named}: {folder} lacks {', '.join(missing + absent)}: copy the model's complete folder (a"
+            f" download interrupted midway leaves shards out{held})"
+        )
+        return found, ModelFiles()
+    if index == BIN_INDEX_FILE:  # jobs read safetensors only, memory-mapped: staging converts these once
+        size = byte_size(sum((folder / shard).stat().st_size for shard in shards))
+        found.failures.append(
+            f"{named}: {folder} holds PyTorch .bin weights only ({len(shards)} shard"
+            f"{'s' if len(shards) > 1 else ''}, {size}), and jobs load safetensors only: run `probepo stage`"
+            " on the recipe, which converts them once to safetensors that every rank loads memory-mapped,"
+            " and launch the staged recipe.yaml"
         )
         return found, ModelFiles()
     try:
@@ -176,49 +197,6 @@ def model_files(model: ModelConfig) -> tuple[Findings, ModelFiles]:
         f" {parameters / 1e9:.2f} B parameters"
     )
     return found, ModelFiles(folder, parameters)
-
-
-def trainer_memory_gb(config: RunConfig, parameters: int, ranks: int) -> dict[str, float]:
-    """GB per GPU the trainer holds before activations: weights, gradients and Adam's state, split over
-    `ranks` as the recipe's ZeRO stage splits them (the hf trainer: one device holds all)."""
-    model = config.model
-    width = 2 if model.dtype == "bfloat16" else 4
-    shards = ranks if model.trainer == "deepspeed" else 1
-    master = 4 if model.trainer == "deepspeed" and width == 2 else 0  # ZeRO keeps float32 masters
-    gb = parameters / 1e9
-    return {
-        "weights": gb * width / (shards if model.zero_stage == 3 and shards > 1 else 1),
-        "gradients": gb * width / shards,
-        "optimizer": gb * (OPTIMIZER_BYTES + master) / shards,
-    }
-
-
-def memory_findings(
-    config: RunConfig, parameters: int, ranks: int, gpu_memory_gb: float | None, resident: bool
-) -> Findings:
-    """The trainer's memory per GPU in numbers, against the GPU's memory when the profile gives it, and
-    vLLM's share of the GPU when the engine shares it with the trainer (`resident`): a failure when the
-    estimate (before activations) is more than the GPU leaves it, a warning when there is nothing to
-    compare it with."""
-    parts = trainer_memory_gb(config, parameters, ranks)
-    need = sum(parts.values())
-    sharding = f"ZeRO-{config.model.zero_stage}" if config.model.trainer == "deepspeed" else "the hf trainer"
-    detail = ", ".join(f"{name} {value:.1f}" for name, value in parts.items())
-    text = (
-        f"memory: {parameters / 1e9:.2f} B parameters train on {ranks} GPU(s) with {sharding}: about"
-        f" {need:.1f} GB per GPU ({detail}) before activations"
-    )
-    if gpu_memory_gb is None:
-        return Findings(warnings=[text + "; give the profile's gpu_memory_gb to compare it with the GPUs"])
-    share = config.model.vllm_memory if resident and config.model.generator == "vllm" else 0.0
-    left = gpu_memory_gb * (1 - share)
-    vllm = f" after vLLM's {share:.0%} (model.vllm_memory)" if share else ""
-    if need <= left:
-        return Findings(passed=[f"{text}: leaving the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}"])
-    fix = "shard further (model.zero_stage: 3), add ranks, or lower model.vllm_memory"
-    return Findings(
-        failures=[f"{text}: MORE than the {left:.1f} GB of each {gpu_memory_gb:g} GB GPU{vllm}; {fix}"]
-    )
 
 
 def benchmark_names(config: RunConfig) -> list[str]:

@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 ByteKind = Literal["scratch", "uploaded", "downloaded", "host_copy", "handoff_file", "handoff_memory"]
 BYTE_KINDS: tuple[ByteKind, ...] = (
@@ -31,9 +31,6 @@ and from the store; host_copy: copied from an accelerator (or a live parameter) 
 handoff_file / handoff_memory: weights handed to a generation engine through a file or in memory."""
 
 Piece = Literal[
-    "generation", "grading", "scoring", "optimizer", "handoff", "digest", "save", "commit", "download", "load"
-]
-PIECES: tuple[Piece, ...] = (
     "generation",
     "grading",
     "scoring",
@@ -44,11 +41,15 @@ PIECES: tuple[Piece, ...] = (
     "commit",
     "download",
     "load",
-)
+    "store_wait",
+]
+PIECES: tuple[Piece, ...] = get_args(Piece)
 """generation: engine calls that decode; grading: rewards of answers; scoring: log-probabilities and
 entropies; optimizer: forward, backward and steps; handoff: weights into a generation engine; digest:
 the replay check's hash of the weights; save: a trainer's state written to scratch; commit: uploads and
-markers; download: files fetched from the store; load: engines built and weights read into them."""
+markers; download: files fetched from the store; load: engines built and weights read into them;
+store_wait: an unreachable store waited for (probepo/store/outage.py), counted once however many of the
+attempt's threads waited at the same time."""
 
 METRIC_GROUPS = ("timing", "bytes")
 """The metric keys' first part for spend (`timing/<stage>/<piece>`, `bytes/<stage>/<kind>`): not a stage."""
@@ -132,6 +133,18 @@ def timed(piece: Piece) -> Iterator[None]:
         spend.add_seconds(piece, elapsed - inner)
         if spend._nested:
             spend._nested[-1] += elapsed
+
+
+def count_waited(piece: Piece, seconds: float) -> None:
+    """Add seconds the attempt spent blocked, measured by the caller over all its threads (the store's
+    outage wait), to `piece` and take them from the timed block open around them: pieces still add up."""
+    spend = _current
+    if spend is None:
+        return
+    spend.add_seconds(piece, seconds)
+    with spend._lock:
+        if spend._nested:
+            spend._nested[-1] += seconds
 
 
 def count_written(tensors: Iterable[Any]) -> None:

@@ -3,7 +3,7 @@ machine that has the hub (or its cache: HF_HUB_OFFLINE=1 reads only the local Hu
 
 The folder's layout is the one `probepo check` and the jobs read:
 
-    DIR/models/<org>--<name>/        the policy (config, tokenizer, every weight shard)
+    DIR/models/<org>--<name>/        the policy (config, tokenizer, every weight shard; .bin as safetensors)
     DIR/benchmarks/<set>/<file>      each benchmark set as JSON Lines (docs/DATA.md)
     DIR/recipe.yaml                  the recipe, with model.pretrained and task.benchmarks_root pointing here
     DIR/manifest.json                every file with its size and sha256
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,12 @@ from probepo.preflight import benchmark_names
 
 MANIFEST = "manifest.json"
 RECIPE = "recipe.yaml"
+
+
+def preset_name(path: Path) -> str:
+    """A preset's deployment name: its file's stem, but a staged recipe's (`probepo stage` writes each as
+    recipe.yaml in its own folder) its folder's name, so that several staged recipes deploy side by side."""
+    return path.parent.name if path.name == RECIPE else path.stem
 
 
 class StagingError(ValueError):
@@ -68,10 +75,13 @@ def _snapshot(repo_id: str, repo_type: str | None = None) -> Path:
 
 
 def stage_model(config: RunConfig, folder: Path, staged: Staged) -> str | None:
-    """Copy the policy into `folder`/models (files, not the cache's links); returns the staged path."""
+    """Copy the policy into `folder`/models (files, not the cache's links); returns the staged path. A
+    checkpoint with PyTorch `.bin` weights and no safetensors is converted to safetensors instead of copied
+    (probepo/engines/hf/convert.py: every rank then maps the weights instead of unpickling them)."""
     if config.model.kind != "hf":
         return None
-    from probepo.engines.hf.loading import resolve_source
+    from probepo.engines.hf.convert import BIN_INDEX_FILE, bin_shards
+    from probepo.engines.hf.loading import resolve_source, weight_shards
 
     source = resolve_source(config.model.pretrained)
     local = Path(source)
@@ -83,10 +93,35 @@ def stage_model(config: RunConfig, folder: Path, staged: Staged) -> str | None:
     if path.is_file():
         target.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(path, target)
-    else:
-        shutil.copytree(path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".cache", ".git*"))
-    staged.sources.append(f"model: {origin} -> {target}")
+        staged.sources.append(f"model: {origin} -> {target}")
+        return str(target)
+    try:
+        pickled = [] if weight_shards(path) else bin_shards(path)
+    except (json.JSONDecodeError, KeyError) as exc:
+        raise StagingError(f"model {origin}: a weights index is unreadable ({exc}): copy it again") from None
+    skip = [*pickled, BIN_INDEX_FILE] if pickled else []  # their safetensors replace them
+    shutil.copytree(path, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(".cache", ".git*", *skip))
+    converted = _convert(path, target, origin) if pickled else ""
+    staged.sources.append(f"model: {origin} -> {target}{converted}")
     return str(target)
+
+
+def _convert(path: Path, target: Path, origin: str) -> str:
+    """Convert a `.bin`-only checkpoint at `path` to safetensors in `target`: the summary's words for it."""
+    from probepo.engines.hf.convert import byte_size, convert_bin_checkpoint
+
+    try:
+        converted = convert_bin_checkpoint(path, target)
+    except (OSError, ValueError, RuntimeError, pickle.UnpicklingError) as exc:
+        raise StagingError(
+            f"model {origin}: its PyTorch .bin weights do not convert to safetensors ({exc}): copy the"
+            " complete checkpoint again"
+        ) from None
+    aliases = f"; tied, so stored once: {', '.join(converted.dropped)}"
+    return (
+        f", converted from PyTorch .bin to safetensors ({converted.shards} shard(s), {converted.tensors}"
+        f" tensors, {byte_size(converted.bytes)}{aliases if converted.dropped else ''})"
+    )
 
 
 def _hub_rows(snapshot: Path, config: str | None, split: str | None) -> list[dict[str, Any]]:

@@ -108,24 +108,26 @@ def _run(
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout_s, check=False, env=env)
 
 
-def check_slurm() -> None:
-    """Fail fast, naming what is missing and how to get it: sbatch on PATH, and slurmctld answering."""
+def check_slurm(executor: str) -> None:
+    """Fail fast, naming the executor asked for (slurm or resident), what is missing and how to get it:
+    sbatch on PATH, and slurmctld answering."""
     missing = [tool for tool in ("sbatch", "sacct", "squeue", "scontrol") if shutil.which(tool) is None]
     if missing:
         raise SlurmUnavailable(
-            f"--executor slurm needs SLURM's commands, and {', '.join(missing)} is not on PATH: run on a"
-            f" cluster's login node, or {START_HINT}"
+            f"--executor {executor} needs SLURM's commands, and {', '.join(missing)} is not on PATH: run on"
+            f" a cluster's login node, or {START_HINT}"
         )
     try:
         ping = _run(["scontrol", "ping"], timeout_s=20.0)
     except subprocess.TimeoutExpired:
         raise SlurmUnavailable(
-            f"slurmctld did not answer `scontrol ping` within 20 s: {START_HINT}"
+            f"--executor {executor}: slurmctld did not answer `scontrol ping` within 20 s: {START_HINT}"
         ) from None
     if ping.returncode != 0 or "UP" not in ping.stdout:
         said = (ping.stdout + ping.stderr).strip().splitlines()
         raise SlurmUnavailable(
-            f"slurmctld is not answering (`scontrol ping`: {said[-1] if said else 'no output'}): {START_HINT}"
+            f"--executor {executor}: slurmctld is not answering (`scontrol ping`:"
+            f" {said[-1] if said else 'no output'}): {START_HINT}"
         )
 
 

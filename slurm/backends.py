@@ -130,11 +130,13 @@ class SlurmBackend:
     name = "slurm"
     job_id_variable = "SLURM_JOB_ID"
 
-    def __init__(self, profile: ExecutionProfile) -> None:
+    def __init__(self, profile: ExecutionProfile, executor: str = "slurm") -> None:
         self.profile = profile
+        self.executor = executor
+        """The executor it submits for (slurm or resident), as its refusals name it."""
 
     def check(self, stages: Iterable[str] = ()) -> None:
-        accounting.check_slurm()
+        accounting.check_slurm(self.executor)
         wide = [(stage, r) for stage in stages if (r := self.profile.resources(stage)).nodes > 1]
         if wide:  # the site is read only where a stage spans several nodes
             from slurm import site
@@ -156,10 +158,21 @@ class SlurmBackend:
             "cpus_per_task": resources.cpus_per_task,
             "time": resources.time_min,
             "signal_delay_s": resources.signal_grace_s,
+            # submitit's default would be --wckey=submitit, which a site that enforces wckeys refuses; None
+            # leaves the line out (submitit drops None parameters), sbatch_extra's `wckey` sets one
+            "wckey": None,
             "setup": list(resources.setup),
             # a rank that dies (SIGKILL, its node lost, an error) takes the job's other ranks with it at
-            # once, instead of leaving them blocked in a collective until its timeout
-            "srun_args": ["--export=ALL", "--kill-on-bad-exit=1", *resources.srun_args],
+            # once, instead of leaving them blocked in a collective until its timeout. --cpus-per-task
+            # again for the ranks' step: srun of SLURM 22.05 to 23.02 does not take sbatch's (its NEWS:
+            # "srun will no longer read in SLURM_CPUS_PER_TASK"; 23.11 reads it again), so each rank would
+            # be bound to one CPU where the site binds tasks (task/affinity, task/cgroup)
+            "srun_args": [
+                "--export=ALL",
+                "--kill-on-bad-exit=1",
+                f"--cpus-per-task={resources.cpus_per_task}",
+                *resources.srun_args,
+            ],
             "additional_parameters": {
                 **resources.sbatch_extra,
                 "export": ",".join(exported) or "NONE",
@@ -256,7 +269,7 @@ class SlurmBackend:
             findings.extend(site.stage_findings(found, ", ".join(named), resources))
             findings.extend(site.grace_findings(found, ", ".join(named), resources))
             partitions.append(resources.partition or found.default_partition or "")
-        findings.extend(site.preemption_findings(found, partitions, self.profile))
+        findings.extend(site.preemption_findings(found, [r for _, r in by_resources.values()], self.profile))
         return findings.extend(site.job_folder_findings(found, self.profile, partitions))
 
 

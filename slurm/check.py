@@ -1,7 +1,8 @@
 """`probepo check` and the launch checks of the flows: a recipe, an execution profile, an executor and a
-store checked together before anything is submitted — the recipe's rules, the model's files and memory,
-the data, the store (probepo/preflight.py) and the site of the executor's backend (slurm/site.py) — and,
-on request, a one-minute probe job that imports what the recipe needs in the job's own interpreter.
+store checked together before anything is submitted — the recipe's rules, the model's files, the data, the
+store (probepo/preflight.py), each job's memory and the evaluation's shards (slurm/check_jobs.py) and the
+site of the executor's backend (slurm/site.py) — and, on request, a one-minute probe job that imports what
+the recipe needs in the job's own interpreter.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from typing import Any
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRunner
+from probepo.job_credentials import job_credential_findings
 from probepo.preflight import (
     Findings,
     invalid_recipe_preflight,
-    memory_findings,
     preflight,
     store_findings,
     tied_parameters,
@@ -35,8 +36,10 @@ from probepo.preflight import (
 from probepo.presets import ConfigError, load_profile, validate_run_config
 from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend
+from slurm.check_jobs import evaluation_shard_findings, memory_findings
 from slurm.check_spend import scratch_need, spend_findings
 from slurm.executors import Executor, executor_for
+from slurm.ranks import generation_rank_findings
 
 PROBE_JOB_WAIT_S = 300.0
 """How long `--probe-job` waits for its job (pending included) before it cancels it and says so."""
@@ -91,6 +94,7 @@ def check_launch(
     if not thorough:
         return checked
     found.extend(_recipe_findings(checked, data, executor))
+    found.extend(_job_credential_findings(checked, data))  # said whether the backend answers or not
     backend = checked.backend
     if backend is None or checked.profile is None or checked.executor is None:
         if probe_job and checked.executor is not None and checked.executor.in_process:
@@ -138,8 +142,11 @@ def _recipe_findings(checked: Checked, data: dict[str, Any], executor: str) -> F
         checkpoint_every = data.get("checkpoint_every", 1)
     else:
         found, model = preflight(config)
+        if checked.profile and checked.executor:
+            found.extend(generation_rank_findings(config, checked.profile, checked.executor.stages))
         if model.parameters is not None and checked.profile and checked.executor:
-            found.extend(_memory(config, checked.profile, checked.executor, model.parameters))
+            found.extend(memory_findings(config, checked.profile, checked.executor, model.parameters))
+            found.extend(evaluation_shard_findings(config, checked.profile, checked.executor))
             tied = tied_parameters(model.folder)
             found.extend(spend_findings(config, checked.profile, executor, model.parameters, tied))
             checked.scratch_bytes = scratch_need(config, checked.profile, executor, model.parameters, tied)
@@ -150,6 +157,20 @@ def _recipe_findings(checked: Checked, data: dict[str, Any], executor: str) -> F
     if refusal and checked.executor is not None and not checked.executor.resident:
         found.failures.append(f"executor {executor}: {refusal}")
     return found
+
+
+def _job_credential_findings(checked: Checked, data: dict[str, Any]) -> Findings:
+    """An S3 store's credentials as the executor's jobs receive them (probepo/job_credentials.py): every
+    backend's jobs get only the profile's allow-listed environment, the local executor's included; jobs
+    that run in this process have this process's."""
+    store = checked.config.store if checked.config is not None else data.get("store")
+    profile, executor = checked.profile, checked.executor
+    if profile is None or executor is None or executor.in_process:
+        return Findings()
+    if not isinstance(store, str) or not store.startswith("s3://"):
+        return Findings()
+    longest = max(profile.resources(stage).time_min for stage in executor.stages)
+    return job_credential_findings(store, profile.exported(dict(os.environ)), longest)
 
 
 def launchable(
@@ -221,19 +242,6 @@ def site_way_findings(profile: ExecutionProfile, stages: Iterable[str]) -> Findi
 
 def _trainer_stage(executor: Executor) -> Stage:
     return Stage.DRIVER if Stage.DRIVER in executor.stages else Stage.OPTIMIZE
-
-
-def _memory(config: RunConfig, profile: ExecutionProfile, executor: Executor, parameters: int) -> Findings:
-    """The trainer's memory per GPU against the GPU's (memory_findings), where the trainer's job has GPUs."""
-    if executor.in_process:
-        return Findings()
-    resources = profile.resources(_trainer_stage(executor))
-    gpus = resources.gpus_per_node or resources.gpus_per_task * resources.tasks_per_node
-    if not gpus:
-        return Findings()
-    ranks = resources.nodes * resources.tasks_per_node
-    resident = _trainer_stage(executor) == Stage.DRIVER
-    return memory_findings(config, parameters, ranks, resources.gpu_memory_gb, resident)
 
 
 def needed_modules(config: RunConfig | None) -> list[str]:
@@ -325,9 +333,11 @@ def node_findings(where: str, report: dict[str, Any], resources: StageResources)
             f" {resources.mem_gb:g}: lower mem_gb, or ask the admins why the node advertises more"
         )
     if report["cpus"] < resources.cpus_per_task:
-        found.warnings.append(
-            f"{where}: the job's task may use {report['cpus']} CPU(s), fewer than the profile's"
-            f" cpus_per_task = {resources.cpus_per_task}"
+        found.failures.append(
+            f"{where}: a rank may use {report['cpus']} CPU(s) (its affinity), fewer than the profile's"
+            f" cpus_per_task = {resources.cpus_per_task}: grading workers, tokenisation and data loading"
+            " would share them; the ranks' srun is given --cpus-per-task, so ask the admins whether the"
+            " node has that many CPUs and how tasks are bound (TaskPlugin), or lower cpus_per_task"
         )
     wanted = resources.gpus_per_task or resources.gpus_per_node // resources.tasks_per_node
     if wanted and report["cuda_build"] is False:

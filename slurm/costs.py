@@ -21,7 +21,7 @@ from probepo.schedule import Stage
 from probepo.store import ArtifactStore
 from slurm.accounting import JobCost, job_costs
 from slurm.backends import SlurmBackend
-from slurm.runner import text_table
+from slurm.tables import text_table
 
 Pair = tuple[int, str]
 

@@ -5,6 +5,7 @@ new, one backend (backends.py); nothing else names executors.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -65,7 +66,7 @@ EXECUTORS: dict[str, Executor] = {
     ),
     "resident": Executor(
         "one SLURM job runs the driver and every stage, engines resident: what checkpoint_every > 1 needs",
-        SlurmBackend,
+        functools.partial(SlurmBackend, executor="resident"),
         lambda backend, profile: DriverJobRunner(backend, profile),
         arrays=False,
         needs_profile=True,

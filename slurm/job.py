@@ -14,6 +14,8 @@ again, the driver resumes from the store (replaying optimize since the last full
 
 from __future__ import annotations
 
+import fcntl
+import functools
 import os
 import shutil
 import signal
@@ -21,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +31,8 @@ from probepo import distributed
 from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
 from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
 from probepo.schedule import EVERY_RANK
-from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome
+from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome, StoreOutage
+from probepo.store.outage import RIDER, STORE_UNREACHABLE_EXIT, OutageBudget
 from slurm.ranks import Ranks, job_ranks
 
 
@@ -125,6 +128,7 @@ def run_array_task(fn: Callable[[Any, Callable[[], bool]], Any], item: Any) -> A
     from what was committed; unless it committed nothing new and was requeued RESTARTS_BEFORE_GIVING_UP
     times already, when it fails with that reason."""
     flag = AbandoningStop().install()
+    node_local_caches()
     try:
         try:
             return fn(item, flag)
@@ -146,6 +150,28 @@ def run_array_task(fn: Callable[[Any, Callable[[], bool]], Any], item: Any) -> A
         ) from None
 
 
+def _rides_out_the_store(job: Callable[[StageRequest, str], JobOutcome]) -> Callable[..., JobOutcome]:
+    """A job function that waits for an unreachable store as its runner says (`store_outage`: the profile's
+    store_outage_s, never past the job's time limit less its signal grace; probepo/store/outage.py), and
+    that, having given up, exits STORE_UNREACHABLE_EXIT: its runner reads a death of the store's and
+    submits it again (slurm/job_ends.py)."""
+
+    @functools.wraps(job)
+    def riding_out(
+        request: StageRequest, job_id_variable: str, store_outage: OutageBudget | None = None
+    ) -> JobOutcome:
+        budget = RIDER.configured(store_outage) if store_outage is not None else nullcontext()
+        try:
+            with budget:
+                return job(request, job_id_variable)
+        except StoreOutage as exc:
+            print(f"probepo: {exc}", file=sys.stderr, flush=True)
+            sys.exit(STORE_UNREACHABLE_EXIT)  # not an Exception: submitit writes no result, SLURM the status
+
+    return riding_out
+
+
+@_rides_out_the_store
 def run_stage_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     """Run one stage in this job, whose id is in the environment variable `job_id_variable` (the
     backend's); returns COMMITTED (also when an earlier run of the job committed it). A preempted stage
@@ -213,6 +239,7 @@ def _run_distributed(request: StageRequest, flag: StopFlag, rank: int, job_id: s
     return JobOutcome.PREEMPTED
 
 
+@_rides_out_the_store
 def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     """Run the driver of `request`'s run in this job (the resident executor): every stage left, inline,
     the engines resident, each attempt recording the job's id (from `job_id_variable`); returns COMMITTED
@@ -276,12 +303,56 @@ def _finish_lockstep(runner: InlineRunner) -> None:
 
 
 def _ranks_of_this_job() -> Ranks:
-    """This task's ranks, exported for torch.distributed and DeepSpeed, and said in the task's log."""
+    """This task's ranks, exported for torch.distributed and DeepSpeed, and said in the task's log; its
+    compile caches on its node (node_local_caches)."""
     ranks = job_ranks()
     ranks.export()
+    node_local_caches()
     if ranks.world_size > 1:
         print(f"probepo: {ranks.describe()}", flush=True)
     return ranks
+
+
+NODE_LOCAL_CACHES = {
+    "VLLM_CACHE_ROOT": "vllm",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "CUDA_CACHE_PATH": "cuda",
+}
+"""The compile and kernel caches a rank writes, by the variable that moves each and its folder: vLLM's
+(~/.cache/vllm, its torch.compile cache in it), Triton's (~/.triton), torch Inductor's and CUDA's PTX JIT
+cache (~/.nv/ComputeCache). Left alone, most live under $HOME, on a cluster the shared file system, every
+rank of every node writing them at once."""
+
+_held_cache_slots: list[int] = []
+"""The open lock of this process's cache slot (node_local_caches), held until the process ends."""
+
+
+def node_local_caches() -> dict[str, str]:
+    """Point this process's compile and kernel caches (NODE_LOCAL_CACHES) at a slot of its node's
+    `$TMPDIR/probepo-caches-<uid>/`: the first slot no live process holds, locked until this one ends, so
+    no two processes of a node (the ranks of a job, the tasks of an array) ever write one cache while a
+    later job on the node reuses what an earlier one compiled. A variable the job sets already (a setup
+    line's `export`) is kept. Returns what it set."""
+    wanted = [name for name in NODE_LOCAL_CACHES if not os.environ.get(name)]
+    if not wanted:
+        return {}
+    root = Path(tempfile.gettempdir()) / f"probepo-caches-{os.getuid()}"
+    slot = 0
+    while True:
+        folder = root / f"slot{slot}"
+        folder.mkdir(parents=True, exist_ok=True)
+        lock = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:  # a live process of this node holds it
+            os.close(lock)
+            slot += 1
+            continue
+        _held_cache_slots.append(lock)
+        chosen = {name: str(folder / NODE_LOCAL_CACHES[name]) for name in wanted}
+        os.environ.update(chosen)
+        return chosen
 
 
 def _node_scratch(request: StageRequest, job_id: str | None) -> Path:

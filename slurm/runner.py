@@ -12,6 +12,10 @@ store before waiting, watch it, and decide what its end means.
   from the store's markers, never from the scheduler.
 - A driver that starts closes the records of the run's jobs that ended while no driver watched (judged
   from the store as above), so `probepo jobs` shows what they did.
+- A job rides out an unreachable store up to the profile's `store_outage_s` (probepo/store/outage.py);
+  one that gave up all the same died of the store: submitted again like any death, the store named as
+  the cause. The driver only waits: a poll without the store says "store unreachable since T" and goes
+  on, and what it must know or record is tried again every poll_max_s until the store answers.
 
 Counting deaths in a row and closing unwatched records are slurm/job_ends.py's.
 """
@@ -19,23 +23,25 @@ Counting deaths in a row and closing unwatched records are slurm/job_ends.py's.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.execution import StageRequest, now
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
-from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome
-from slurm.accounting import JobCost, JobInfo
+from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, StoreOutage
+from probepo.store.keys import new_attempt_id
+from probepo.store.outage import RIDER, OutageBudget
+from slurm.accounting import JobInfo
 from slurm.backends import Backend, JobFunction, SubmitFailed, SubmitTransient
 from slurm.job import run_driver_job, run_stage_job
-from slurm.job_ends import Deaths, close_unwatched
-from slurm.logs import log_path
+from slurm.job_ends import STORE_CAUSE, Deaths, close_unwatched, failed_on_store, settle
 
 SUBMIT_TRIES = 4
 """Submissions of one job before a run of transient refusals (SubmitTransient) becomes SubmitFailed."""
@@ -46,6 +52,8 @@ seconds, and a day-long job costs one sacct call per poll_max_s."""
 STOP_CHECK_S = 1.0
 """A wait between polls is slept in slices at most this long, so that a driver told to stop (SIGTERM,
 SIGUSR2) notices within one, however long the wait has grown."""
+T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class StageFailed(ExecutionError):
@@ -110,17 +118,21 @@ class JobRunner:
         store = ctx.store
         if request.run_id not in self._swept:
             self._swept.add(request.run_id)
-            close_unwatched(self, store, request)
-        job = self._in_flight(store, request)
+            self._until_answered(
+                ctx, "closing jobs that ended unwatched", lambda: close_unwatched(self, store, request)
+            )
+        job = self._until_answered(
+            ctx, "looking for a job in flight", lambda: self._in_flight(store, request)
+        )
         deaths = Deaths()
         while True:
             if job is None:
-                job = self._submit(store, request)
+                job = self._submit(store, request, ctx)
             wait = functools.partial(self._wait, store, request, job, ctx)
             info = self.watch(request, str(job["job_id"]), wait) if self.watch else wait()
-            outcome, attempt = self.judged(store, request, job)
+            ended = functools.partial(settle, self, store, request, job, info)
+            outcome, progressed = self._until_answered(ctx, f"judging how job {job['job_id']} ended", ended)
             if outcome == JobOutcome.COMMITTED:
-                self.close(store, request, job, info, outcome)
                 return
             tail = self.backend.stderr_tail(Path(job["folder"]), job["job_id"])
             where = (
@@ -128,31 +140,45 @@ class JobRunner:
                 f"{f' (exit {info.exit_code})' if info.exit_code else ''}"
             )
             if outcome == JobOutcome.FAILED:
-                error = AttemptOutcome.error_of(attempt or {})
-                self.close(store, request, job, info, outcome, error=error)
-                raise StageFailed(f"{where}, the stage failed: {error}; end of its stderr:\n{tail}")
-            self.close(store, request, job, info, outcome)
+                raise StageFailed(f"{where}, the stage failed: {job['error']}; end of its stderr:\n{tail}")
             if outcome == JobOutcome.DIED:  # died without committing the stage (or never started)
-                progressed = self._progress(store, request) > job.get("progress_at_submit", 0)
-                deaths.died(job["ended_at"], progressed)
+                deaths.died(job["ended_at"], progressed, of_the_store=job.get("cause") == STORE_CAUSE)
                 if too_many := deaths.too_many(self.profile.max_resubmits):
                     raise StageFailed(f"{where} without committing: {too_many}; end of its stderr:\n{tail}")
+                if job.get("cause"):
+                    log.warning(
+                        "%s: %s; submitted again (death %d in a row)", where, job["cause"], deaths.count
+                    )
             job = None
+
+    def _until_answered(self, ctx: StageContext, doing: str, work: Callable[[], T]) -> T:
+        """`work` (this waiting driver's reads and writes), tried again every poll_max_s while the store
+        stays unreachable; a driver told to stop meanwhile stops (`probepo resume` goes on)."""
+
+        def pause(seconds: float) -> bool:
+            self.pause(seconds, ctx.should_stop)
+            return not ctx.should_stop()
+
+        try:
+            return RIDER.until_answered(doing, work, pause, self.profile.poll_max_s)
+        except StoreOutage:
+            raise DriverStopped(f"the driver stops while the store is unreachable ({doing})") from None
 
     def judged(
         self, store: ArtifactStore, request: StageRequest, job: Mapping[str, Any]
     ) -> tuple[JobOutcome, dict[str, Any] | None]:
         """What an ended job's end means, from the store (never from the scheduler's state), and the job's
-        last attempt record: the stage committed, failed with its own error, preempted, or died."""
+        last attempt record: the stage committed, failed with its own error, preempted, or died (a stage
+        that failed only because the store stayed unreachable died: its job is submitted again)."""
         if self._finished(store, request):
             return JobOutcome.COMMITTED, None
         attempt = self._last_attempt(store, request, str(job["job_id"]))
         said = AttemptOutcome.of(attempt) if attempt else None
-        if said == AttemptOutcome.FAILED:
+        if said == AttemptOutcome.FAILED and not failed_on_store(attempt):
             return JobOutcome.FAILED, attempt
         return (JobOutcome.PREEMPTED if said == AttemptOutcome.PREEMPTED else JobOutcome.DIED), attempt
 
-    def _progress(self, store: ArtifactStore, request: StageRequest) -> int:
+    def progress(self, store: ArtifactStore, request: StageRequest) -> int:
         """How much of the stage's work is committed: the stage and its sub-stages (shards, parts, tree
         levels). Grows whenever a job commits any of it."""
         names = store.committed_stages(request.run_id, request.update)
@@ -197,12 +223,22 @@ class JobRunner:
             return None
         return job
 
-    def _submit(self, store: ArtifactStore, request: StageRequest) -> dict[str, Any]:
+    def _submit(self, store: ArtifactStore, request: StageRequest, ctx: StageContext) -> dict[str, Any]:
+        """Submit the stage's job and record it (the store read first: nothing is submitted while it is
+        unreachable). The job rides out store outages up to the profile's store_outage_s, never past its
+        time limit less its signal grace."""
         folder = Path(self.profile.job_folder).resolve() / request.run_id
         resources = self.profile.resources(request.stage)
+        progress = self._until_answered(
+            ctx, "reading the stage's progress", lambda: self.progress(store, request)
+        )
+        outage = OutageBudget(
+            self.profile.store_outage_s, 60.0 * resources.time_min - resources.signal_grace_s
+        )
+        function = functools.partial(self.job_function, store_outage=outage)
         for attempt in range(1, SUBMIT_TRIES + 1):
             try:
-                job_id = self.backend.submit(request, resources, folder, self.job_function)
+                job_id = self.backend.submit(request, resources, folder, function)
                 break
             except SubmitTransient as exc:
                 if attempt == SUBMIT_TRIES:
@@ -223,9 +259,10 @@ class JobRunner:
             "submitted_epoch": time.time(),
             "resources": resources.model_dump(mode="json"),
             "outcome": JobOutcome.OPEN,
-            "progress_at_submit": self._progress(store, request),
+            "progress_at_submit": progress,
+            "submission_id": new_attempt_id(),  # chosen here: a write tried again replaces, never adds
         }
-        job["submission_id"] = store.record_job(request.run_id, request.update, request.stage, job)
+        self._until_answered(ctx, f"recording job {job_id}", lambda: self._record(store, request, job))
         return job
 
     def _wait(
@@ -235,14 +272,19 @@ class JobRunner:
         polls back off from the profile's poll_s to its poll_max_s (Backoff)."""
         job_id = job["job_id"]
         backoff = Backoff(self.profile.poll_s, self.profile.poll_max_s)
+        unrecorded = False
         while True:
             info = self.backend.states([job_id], {job_id: job.get("submitted_epoch", 0.0)})[job_id]
             changed = (info.state, info.node or None) != (job.get("state"), job.get("node"))
             if changed:
                 job.update(state=info.state, node=info.node or None, elapsed=info.elapsed)
-                self._record(store, request, job)
-            if self.on_poll is not None and self.on_poll():
-                changed = True
+            within = self.profile.poll_max_s  # a poll waits for the store no longer: the job is watched on
+            if changed or unrecorded:
+                recorded = functools.partial(self._record, store, request, job)
+                done, _ = RIDER.unless_unreachable(f"recording job {job_id}'s state", recorded, within)
+                unrecorded = not done
+            if self.on_poll is not None:
+                changed = RIDER.unless_unreachable("following the run", self.on_poll, within)[1] or changed
             if not info.alive:
                 return info
             if ctx.should_stop():
@@ -308,7 +350,7 @@ class DriverJobRunner(JobRunner):
 
         return resume_point(store, request.run_id, request.config).done
 
-    def _progress(self, store: ArtifactStore, request: StageRequest) -> int:
+    def progress(self, store: ArtifactStore, request: StageRequest) -> int:
         """Everything the run has committed: the driver job runs every stage of every update."""
         return sum(len(names) for names in store.ledger_entries(request.run_id).values())
 
@@ -319,74 +361,3 @@ class DriverJobRunner(JobRunner):
         said = [a for a in store.attempts(request.run_id) if str(a.get("job_id")) == job_id]
         last = max(said, key=lambda a: str(a.get("start", ""))) if said else None
         return None if last is None or AttemptOutcome.of(last) == AttemptOutcome.COMMITTED else last
-
-
-JOB_COLUMNS = (
-    "update",
-    "stage",
-    "job",
-    "executor",
-    "state",
-    "node",
-    "elapsed",
-    "runs",
-    "GPUs",
-    "GPU-h",
-    "CPU-h",
-    "attempts",
-    "outcome",
-    "log",
-)
-
-
-def jobs_table(
-    records: list[dict[str, Any]], attempts: list[dict[str, Any]], costs: Mapping[str, JobCost] | None = None
-) -> str:
-    """`probepo jobs`: one line per submitted job, with how many attempts its stage has, what its
-    allocations cost (`costs`, by job id: elapsed, runs, GPUs, GPU-hours and CPU-hours over every record
-    of a requeued job; `-` for a job without accounting) and, last, the path of its task 0's stdout
-    (`probepo logs` prints its files)."""
-    per_stage: dict[tuple[int, str], int] = {}
-    for attempt in attempts:
-        key = (attempt.get("update", 0), attempt.get("stage", ""))
-        per_stage[key] = per_stage.get(key, 0) + 1
-    rows = [JOB_COLUMNS]
-    for r in sorted(records, key=lambda r: (r.get("update", 0), r.get("submitted_at", ""))):
-        rows.append(
-            (
-                str(r.get("update", 0)),
-                str(r.get("stage", "")),
-                str(r.get("job_id", "")),
-                str(r.get("executor", "")),
-                str(r.get("state", "")),
-                str(r.get("node") or "-"),
-                *_cost_cells((costs or {}).get(str(r.get("job_id", ""))), r),
-                str(per_stage.get((r.get("update", 0), r.get("stage", "")), 0)),
-                str(r.get("outcome", "")),
-                str(log_path(r) or "-"),
-            )
-        )
-    return text_table(rows)
-
-
-def _cost_cells(cost: JobCost | None, record: Mapping[str, Any]) -> tuple[str, ...]:
-    """Elapsed, runs, GPUs, GPU-hours and CPU-hours of a job: its accounting's, else its record's elapsed."""
-    if cost is None:
-        return (str(record.get("elapsed") or "-"), "-", "-", "-", "-")
-    hours = (f"{cost.gpu_hours:.4f}", f"{cost.cpu_hours:.4f}")
-    return (duration(cost.elapsed_s), str(cost.records), str(cost.gpus), *hours)
-
-
-def duration(seconds: int) -> str:
-    """Seconds as SLURM writes a duration: [D-]HH:MM:SS."""
-    days, rest = divmod(seconds, 86400)
-    clock = f"{rest // 3600:02d}:{rest % 3600 // 60:02d}:{rest % 60:02d}"
-    return f"{days}-{clock}" if days else clock
-
-
-def text_table(rows: list[tuple[str, ...]]) -> str:
-    """Rows of cells (the first the header) in left-aligned columns two spaces apart."""
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
-    )

@@ -2,11 +2,14 @@
 (`scontrol`, `sacctmgr`), instead of learnt from a job refused or killed hours later: each stage's partition,
 account and QOS exist and are the user's, its time limit is within the partition's MaxTime, its GPUs within
 what a node of the partition has; the job folder is one the compute nodes share; and what a preempted job
-will receive, which depends on the controller's settings (`preempt_send_user_signal`).
+will receive, which depends on the controller's settings (`preempt_send_user_signal`) and on whose
+GraceTime counts: the partition's under `preempt/partition_prio`, the job's QOS's under `preempt/qos`
+(SLURM's preempt/qos plugin takes a preempted job's grace time and preempt mode from its QOS alone).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import getpass
 import re
 import socket
@@ -35,6 +38,25 @@ class Partition:
 
 
 @dataclass(frozen=True)
+class Qos:
+    name: str
+    grace_s: int
+    preempt_mode: str
+    """Its PreemptMode; `cluster`: the cluster's."""
+    preempts: frozenset[str]
+    """The QOS whose jobs its jobs may preempt (sacctmgr's `Preempt`)."""
+
+
+@dataclass(frozen=True)
+class Preemption:
+    """How a stage's job is preempted: by whose setting (a partition's or a QOS's), with what grace."""
+
+    source: str
+    """`partition low`, `QOS standby`."""
+    grace_s: int
+
+
+@dataclass(frozen=True)
 class Node:
     name: str
     address: str
@@ -49,9 +71,14 @@ class Site:
     nodes: dict[str, Node]
     accounts: dict[str, frozenset[str]] | None
     """The user's accounts, each with the QOS it may use; None where accounting does not answer."""
-    qos: frozenset[str] | None
+    qos: dict[str, Qos] | None
+    """Every QOS by name; None where accounting does not answer."""
     config: dict[str, str]
     """`scontrol show config`, key to value."""
+    default_qos: dict[str, str] = dataclasses.field(default_factory=dict)
+    """Each of the user's accounts' default QOS, where its association sets one."""
+    default_account: str | None = None
+    """The user's default account (what a job without --account runs under)."""
 
     @property
     def default_partition(self) -> str | None:
@@ -114,21 +141,42 @@ def read_site(user: str | None = None) -> Site:
         key, equals, value = line.partition("=")
         if equals:
             config[key.strip()] = value.strip()
-    accounts: dict[str, frozenset[str]] | None
-    qos: frozenset[str] | None
     try:
-        user = user or getpass.getuser()
-        rows = _run(["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos"])
-        accounts = {}
-        for row in rows.splitlines():
-            account, _, allowed = row.partition("|")
-            accounts[account] = accounts.get(account, frozenset()) | frozenset(
-                filter(None, allowed.split(","))
-            )
-        qos = frozenset(_run(["sacctmgr", "-nP", "show", "qos", "format=name"]).split())
+        accounts, qos, default_qos, default_account = _associations(user or getpass.getuser())
     except (RuntimeError, FileNotFoundError, subprocess.TimeoutExpired):
-        accounts, qos = None, None
-    return Site(ordered, nodes, accounts, qos, config)
+        return Site(ordered, nodes, None, None, config)
+    return Site(ordered, nodes, accounts, qos, config, default_qos, default_account)
+
+
+def _associations(
+    user: str,
+) -> tuple[dict[str, frozenset[str]], dict[str, Qos], dict[str, str], str | None]:
+    """The user's accounts (each with its QOS and default QOS), default account, and every QOS, from
+    accounting (`sacctmgr`)."""
+    rows = _run(
+        ["sacctmgr", "-nP", "show", "assoc", "where", f"user={user}", "format=account,qos,defaultqos"]
+    )
+    accounts: dict[str, frozenset[str]] = {}
+    default_qos = {}
+    for row in rows.splitlines():
+        account, allowed, default = row.split("|")[:3]  # -P: one column a field, empty ones too
+        accounts[account] = accounts.get(account, frozenset()) | frozenset(filter(None, allowed.split(",")))
+        if default:
+            default_qos[account] = default
+    table = _run(["sacctmgr", "-nP", "show", "qos", "format=name,gracetime,preemptmode,preempt"])
+    qos = {}
+    for row in table.splitlines():
+        name, grace, mode, preempts = row.split("|")[:4]
+        if name:
+            grace_min = minutes(grace) if grace else 0.0
+            qos[name] = Qos(
+                name,
+                round((grace_min or 0.0) * 60),
+                mode or "cluster",
+                frozenset(filter(None, preempts.split(","))),
+            )
+    defaults = _run(["sacctmgr", "-nP", "show", "user", user, "format=defaultaccount"]).split()
+    return accounts, qos, default_qos, defaults[0] if defaults else None
 
 
 def _expand(hosts: str) -> list[str]:
@@ -224,47 +272,87 @@ def _association_findings(site: Site, resources: StageResources, fix: str) -> Fi
     return found
 
 
-def preemption_findings(site: Site, partitions: Iterable[str], profile: ExecutionProfile) -> Findings:
-    """What a preempted job of these partitions receives: USR2 `signal_grace_s` before the kill only where
+def job_qos(site: Site, resources: StageResources) -> str | None:
+    """The QOS a job of `resources` runs under: the profile's `qos`, else its account's default QOS (the
+    user's default account where the profile names none), else the association's only QOS, else SLURM's
+    `normal`; None where accounting does not answer."""
+    if resources.qos or site.accounts is None:
+        return resources.qos
+    account = resources.account or site.default_account or ""
+    allowed = site.accounts.get(account, frozenset())
+    return site.default_qos.get(account) or (next(iter(allowed)) if len(allowed) == 1 else "normal")
+
+
+def preemption_of(site: Site, resources: StageResources) -> Preemption | None:
+    """Whose GraceTime a preempted job of `resources` gets, or None where it is not preempted: under
+    `preempt/qos`, its QOS's when another QOS may preempt it (SLURM's preempt/qos plugin reads the QOS's
+    grace and mode alone); under `preempt/partition_prio`, its partition's when preemptable. A site whose
+    accounting does not answer under `preempt/qos` is taken as preempting with no grace."""
+    preempt_type = site.config.get("PreemptType", "preempt/none")
+    if preempt_type == "preempt/qos":
+        name = job_qos(site, resources)
+        if site.qos is None or name is None:
+            return Preemption(f"QOS {name or '(unknown: accounting did not answer)'}", 0)
+        qos = site.qos.get(name)
+        mode = (
+            site.config.get("PreemptMode", "OFF")
+            if qos is None or qos.preempt_mode == "cluster"
+            else qos.preempt_mode
+        )
+        preemptors = [other for other in site.qos.values() if name in other.preempts]
+        if qos is None or not preemptors or mode.upper().startswith("OFF"):
+            return None
+        return Preemption(f"QOS {name}", qos.grace_s)
+    if preempt_type == "preempt/none":
+        return None
+    name = resources.partition or site.default_partition or ""
+    partition = site.partitions.get(name)
+    if partition is None or partition.preempt_mode.upper() == "OFF":
+        return None
+    return Preemption(f"partition {name}", partition.grace_s)
+
+
+def preemption_findings(site: Site, stages: Iterable[StageResources], profile: ExecutionProfile) -> Findings:
+    """What a preempted job of these stages receives: USR2 `signal_grace_s` before the kill only where
     the controller sends the job's own signal at preemption (`preempt_send_user_signal`)."""
     preempt_type = site.config.get("PreemptType", "preempt/none")
-    used = [site.partitions[name] for name in dict.fromkeys(partitions) if name in site.partitions]
-    preemptable = [p for p in used if p.preempt_mode.upper() != "OFF"]
-    if preempt_type == "preempt/none" or not preemptable:
-        return Findings(passed=["preemption: the profile's partitions are not preempted"])
-    names = ", ".join(f"{p.name} (GraceTime {p.grace_s} s)" for p in preemptable)
+    preempted = {p.source: p for r in stages if (p := preemption_of(site, r))}
+    if not preempted:
+        return Findings(passed=["preemption: the profile's stages are not preempted"])
+    names = ", ".join(f"{p.source} (GraceTime {p.grace_s} s)" for p in preempted.values())
     if "preempt_send_user_signal" in site.config.get("SlurmctldParameters", ""):
         return Findings(
-            passed=[f"preemption: {names} send the job's USR2 at preemption, then kill after GraceTime"]
+            passed=[
+                f"preemption: {preempt_type}: {names} send the job's USR2 at preemption, then kill after"
+                " GraceTime"
+            ]
         )
     return Findings(
         warnings=[
-            f"preemption: {preempt_type} may preempt jobs in {names}, and SlurmctldParameters lacks"
-            " preempt_send_user_signal: a preempted job gets SIGTERM and then SIGKILL after the partition's"
-            " GraceTime, not USR2 signal_grace_s before, so the stage loses the work since its last commit"
-            " and is run again; ask the admins for SlurmctldParameters=preempt_send_user_signal and a"
-            f" GraceTime of at least the profile's signal_grace_s ({profile.defaults.signal_grace_s} s)"
+            f"preemption: {preempt_type} may preempt jobs of {names}, and SlurmctldParameters lacks"
+            " preempt_send_user_signal: a preempted job gets SIGTERM and then SIGKILL after its GraceTime,"
+            " not USR2 signal_grace_s before, so the stage loses the work since its last commit and is run"
+            " again; ask the admins for SlurmctldParameters=preempt_send_user_signal and a GraceTime of at"
+            f" least the profile's signal_grace_s ({profile.defaults.signal_grace_s} s)"
         ]
     )
 
 
 def grace_findings(site: Site, where: str, resources: StageResources) -> Findings:
-    """A stage on a preemptable partition whose GraceTime (signal to kill at preemption) is shorter than
-    the stage's `signal_grace_s` (the time it may need to reach its safe point) is refused: preempted, it
-    would be killed before it commits, and its work since the last commit lost."""
-    name = resources.partition or site.default_partition or ""
-    partition = site.partitions.get(name)
-    preempts = site.config.get("PreemptType", "preempt/none") != "preempt/none"
-    if partition is None or not preempts or partition.preempt_mode.upper() == "OFF":
+    """A preemptable stage whose GraceTime (signal to kill at preemption: the partition's or the QOS's, as
+    the site preempts) is shorter than the stage's `signal_grace_s` (the time it may need to reach its safe
+    point) is refused: preempted, it would be killed before it commits, and its work since the last commit
+    lost."""
+    preemption = preemption_of(site, resources)
+    if preemption is None or preemption.grace_s >= resources.signal_grace_s:
         return Findings()
-    if partition.grace_s >= resources.signal_grace_s:
-        return Findings()
+    ask = "the QOS" if preemption.source.startswith("QOS") else "the partition"
     return Findings(
         failures=[
-            f"{where}: signal_grace_s = {resources.signal_grace_s} s is longer than partition {name}'s"
-            f" GraceTime ({partition.grace_s} s): a preempted job is killed that long after its signal,"
+            f"{where}: signal_grace_s = {resources.signal_grace_s} s is longer than {preemption.source}'s"
+            f" GraceTime ({preemption.grace_s} s): a preempted job is killed that long after its signal,"
             " before the stage may reach its safe point; lower signal_grace_s to it (the stage must then"
-            " commit that fast) or ask the admins for a GraceTime of at least signal_grace_s"
+            f" commit that fast), or ask the admins for a GraceTime on {ask} of at least signal_grace_s"
         ]
     )
 

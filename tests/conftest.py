@@ -38,6 +38,9 @@ SHARED_SERVICES = (
 )
 """The tests that drive the one SLURM cluster and Prefect server: some take the node down, stop jobs or
 preempt, so they run in one worker, one after another."""
+OWN_CLUSTER = ("tests/slurm/test_qos_preemption.py",)
+"""Tests under SHARED_SERVICES' folders that drive a cluster of their own (the QOS controller): a unit of
+their own, beside the shared services."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -50,7 +53,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class SharedServicesInOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return "shared services" if path.startswith(SHARED_SERVICES) else path
+            shared = path.startswith(SHARED_SERVICES) and not path.startswith(OWN_CLUSTER)
+            return "shared services" if shared else path
 
     return SharedServicesInOneWorker(config, log)
 
@@ -98,6 +102,19 @@ def rgw_server() -> S3Server:
         "AWS_DEFAULT_REGION": "us-east-1",
     }
     return running_s3_server(endpoint, credentials)
+
+
+@pytest.fixture(scope="session")
+def rgw_drill_server(rgw_server: S3Server) -> S3Server:
+    """The same Ceph cluster through its second gateway, the one the store-outage drills stop and start
+    (infra/s3/ceph/gateway.sh): same users, buckets and objects as `rgw_server`'s."""
+    endpoint = os.environ.get("PROBEPO_TEST_RGW_DRILL_ENDPOINT")
+    if not endpoint:
+        pytest.skip(
+            "no drill gateway: PROBEPO_TEST_RGW_DRILL_ENDPOINT is unset (infra/s3/ceph/start.sh sets it)"
+        )
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    return running_s3_server(endpoint, {key: rgw_server.env[key] for key in keys})
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,15 @@ if ! [[ $NODE_COUNT =~ ^[1-4]$ ]]; then
   echo "probepo-slurm: PROBEPO_SLURM_NODES must be 1 to 4, not '$NODE_COUNT'" >&2
   exit 2
 fi
+# How jobs are preempted: PROBEPO_SLURM_PREEMPT at start, `partition` (the default: by the partitions'
+# priority tiers, each with its own GraceTime) or `qos` (by the jobs' QOS, whose GraceTime then counts and the
+# partition's does not, as on sites that preempt by QOS); later calls read what start saved.
+PREEMPT_FILE=$STATE/preempt
+PREEMPT=${PROBEPO_SLURM_PREEMPT:-$(cat "$PREEMPT_FILE" 2>/dev/null || echo partition)}
+if ! [[ $PREEMPT =~ ^(partition|qos)$ ]]; then
+  echo "probepo-slurm: PROBEPO_SLURM_PREEMPT must be partition or qos, not '$PREEMPT'" >&2
+  exit 2
+fi
 # probepo-node1 -> probepo-node2, ...; a name not ending in 1 gets -2, -3, ...
 NODE_NAMES=("$NODE")
 for ((i = 2; i <= NODE_COUNT; i++)); do
@@ -78,6 +87,7 @@ print_env() {
     "PROBEPO_SLURM_DIR=$STATE" \
     "PROBEPO_SLURM_NODE=$NODE" \
     "PROBEPO_SLURM_NODES=$NODE_COUNT" \
+    "PROBEPO_SLURM_PREEMPT=$PREEMPT" \
     "PROBEPO_SLURM_CLUSTER=$CLUSTER"; do
     printf 'export %s=%q\n' "${line%%=*}" "${line#*=}"
   done

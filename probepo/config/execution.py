@@ -8,6 +8,7 @@ on another partition or executor and gives the same bits.
 from __future__ import annotations
 
 import fnmatch
+import itertools
 import re
 
 from pydantic import Field, field_validator, model_validator
@@ -88,9 +89,30 @@ SBATCH_EXTRA = frozenset(
 and that change where or how a job runs, not what probepo relies on (--signal, --requeue, --export,
 --output and the job's name are probepo's own)."""
 
+GPU_BIND_KEEPING_EVERY_GPU = frozenset({"none", "verbose,none"})
+"""The --gpu-bind values a profile may give: those that leave every GPU of the job's node visible to each of
+its ranks, which take GPU LOCAL_RANK (probepo/devices.py). The others show a rank only the GPUs it is bound
+to (`closest`: those of its NUMA node, 4 of an 8-GPU two-socket node; `map_gpu`, `mask_gpu`, `per_task`,
+`single`: a list of the site's choosing), so index LOCAL_RANK is past them or another rank's GPU, and
+DeepSpeed and NCCL's NVLink paths want every GPU visible. One GPU per rank is gpus_per_task: 1, which
+SLURM binds itself and devices.py reads as the rank's one GPU."""
+
 MULTI_NODE_STAGES = (Stage.DRIVER, *EVERY_RANK)
 """The stages whose jobs may span several nodes: the resident driver and the stages that run on every rank
 of their job (generation split over the ranks, DeepSpeed over them)."""
+
+
+def _gpu_bind_refusal(where: str, value: object) -> str | None:
+    """Why a --gpu-bind value breaks the rule that rank r of a node takes its visible GPU r; None if not."""
+    if str(value).replace(" ", "").lower() in GPU_BIND_KEEPING_EVERY_GPU:
+        return None
+    return (
+        f"{where} = {value} would show each rank only the GPUs SLURM binds it to, while every rank must see"
+        " all of its node's GPUs and take GPU LOCAL_RANK (probepo/devices.py; DeepSpeed and NCCL want them"
+        " all): leave gpu_bind out (or give `none`); for one GPU per rank in a generation-only stage ask"
+        " gpus_per_task: 1 instead"
+    )
+
 
 _SECRET = re.compile(r"SECRET|TOKEN|PASSWORD|PASSWD|CREDENTIAL(?!S_FILE)|^AWS_ACCESS_KEY_ID$", re.IGNORECASE)
 
@@ -107,7 +129,8 @@ class StageResources(Strict):
     """Account charged (sbatch --account); None: the user's default."""
 
     qos: str | None = None
-    """Quality of service (sbatch --qos)."""
+    """Quality of service (sbatch --qos); None: the account's default QOS. On a site that preempts by QOS
+    (PreemptType=preempt/qos) it decides whether the job is preemptable and its GraceTime."""
 
     nodes: int = Field(1, ge=1)
     """Nodes per job (sbatch --nodes), each running tasks_per_node ranks: nodes x tasks_per_node ranks in
@@ -158,8 +181,8 @@ class StageResources(Strict):
     signal_grace_s: int = Field(60, ge=1)
     """Seconds of warning (sbatch --signal=USR2@<s>): SLURM sends USR2 this long before the time limit,
     and at preemption. The stage commits at its next safe point, then the job requeues itself. At
-    preemption the job is killed the partition's GraceTime after the signal: `probepo check` refuses a
-    value longer than the GraceTime of a preemptable partition."""
+    preemption the job is killed GraceTime after the signal, the partition's (preempt/partition_prio) or
+    the job's QOS's (preempt/qos): `probepo check` refuses a value longer than the one that applies."""
 
     constraint: str | None = None
     """Node features required (sbatch --constraint), e.g. `h200`."""
@@ -167,16 +190,30 @@ class StageResources(Strict):
     setup: tuple[str, ...] = ()
     """Shell lines the job's batch script runs before it starts the ranks, e.g. `module load cuda/12.4`,
     `source /shared/conda/bin/activate probepo` or `export NCCL_IB_HCA=mlx5`: what they export reaches
-    the stage (the ranks' srun passes the job's own environment on)."""
+    the stage (the ranks' srun passes the job's own environment on). A stage's own lines run after the
+    defaults' (they add to them; every other field a stage gives replaces the default's)."""
 
     srun_args: tuple[str, ...] = ()
     """Extra arguments of the srun that starts the job's ranks, e.g. pyxis's
-    `--container-image=/shared/probepo.sqsh` and `--container-mounts=/shared:/shared`."""
+    `--container-image=/shared/probepo.sqsh` and `--container-mounts=/shared:/shared`. A --gpu-bind that
+    hides GPUs from a rank is refused (GPU_BIND_KEEPING_EVERY_GPU)."""
+
+    @field_validator("srun_args")
+    @classmethod
+    def _srun_keeps_every_gpu(cls, args: tuple[str, ...]) -> tuple[str, ...]:
+        for arg, following in itertools.pairwise((*args, "")):
+            bound = arg == "--gpu-bind" or arg.startswith("--gpu-bind=")
+            value = arg.partition("=")[2] or following
+            if bound and (refusal := _gpu_bind_refusal("srun_args --gpu-bind", value)):
+                raise ValueError(refusal)
+        return args
 
     sbatch_extra: dict[str, str | int | bool] = Field(default_factory=dict)
     """sbatch options the fields above do not name, by long name (`_` or `-`): e.g. `exclusive: true`,
-    `gres: gpu:h200:8`, `reservation: my-res`, `exclude: gpu[07-08]`, `gpu_bind: closest` (true: a flag
-    without a value). Only the options of probepo.config.execution.SBATCH_EXTRA; others are refused."""
+    `gres: gpu:h200:8`, `reservation: my-res`, `exclude: gpu[07-08]`, `wckey: my-project` where the site
+    asks for one (probepo sends none otherwise); `true` gives a flag without a value. Only the options of
+    probepo.config.execution.SBATCH_EXTRA; others are refused, and so is a `gpu_bind` other than `none`
+    (GPU_BIND_KEEPING_EVERY_GPU)."""
 
     @field_validator("sbatch_extra")
     @classmethod
@@ -189,6 +226,8 @@ class StageResources(Strict):
                 f" partition, account, qos, nodes, tasks, GPUs, CPUs, memory and time; allowed here:"
                 f" {', '.join(sorted(SBATCH_EXTRA))}"
             )
+        if "gpu_bind" in named and (refusal := _gpu_bind_refusal("sbatch_extra gpu_bind", named["gpu_bind"])):
+            raise ValueError(refusal)
         return named
 
 
@@ -220,9 +259,10 @@ class ExecutionProfile(Strict):
 
     stages: dict[Stage, StageResources] = Field(default_factory=dict)
     """Per-stage resources over `defaults`: only the fields given here override, e.g. `optimize:
-    {gpus_per_node: 8, partition: h200}`. `driver` is the resident executor's one job, which runs every
-    stage: give it what the most demanding stage needs; `eval_task` each task of an evaluation job array
-    (one checkpoint on one suite; by default the evaluate stage's resources with one GPU)."""
+    {gpus_per_node: 8, partition: h200}`; a stage's `setup` lines run after the defaults' instead. `driver`
+    is the resident executor's one job, which runs every stage: give it what the most demanding stage needs;
+    `eval_task` each task of an evaluation job array (one checkpoint on one suite; by default the evaluate
+    stage's resources with one GPU)."""
 
     retention: Retention = Field(default_factory=Retention)
     """Which full checkpoints keep their optimizer state and weights (applied after each full checkpoint,
@@ -246,6 +286,13 @@ class ExecutionProfile(Strict):
     submit_retry_s: float = Field(2.0, ge=0)
     """A submission the scheduler refused for a passing reason (controller busy or unreachable) is tried
     again after this many seconds times the number of tries so far, 4 tries in all."""
+
+    store_outage_s: float = Field(600.0, ge=0)
+    """Seconds an unreachable store (connection refused or reset, timeouts, 5xx after botocore's own
+    retries) is waited for before a job's stage fails as it would at once: each store operation is tried
+    again with capped exponential backoff (probepo/store/outage.py), never past the job's time limit less
+    its signal_grace_s. A job that still failed is submitted again like any death (max_resubmits), and
+    the processes that wait for jobs never fail of it; 0: fail at the first unanswered request."""
 
     @field_validator("env_allow", "env_allow_extra")
     @classmethod
@@ -295,7 +342,9 @@ class ExecutionProfile(Strict):
         given = (
             {} if override is None else {name: getattr(override, name) for name in override.model_fields_set}
         )
-        return StageResources.model_validate({**self.defaults.model_dump(), **given})
+        # a stage's setup adds to the defaults' (the site's `module load` and venv stay under a stage's own)
+        setup = (*self.defaults.setup, *given.get("setup", ()))
+        return StageResources.model_validate({**self.defaults.model_dump(), **given, "setup": setup})
 
     def exported(self, environ: dict[str, str]) -> dict[str, str]:
         """The variables of `environ` a job receives: the allowed names and patterns, credentials never."""

@@ -49,4 +49,5 @@ class SiteConfig(Strict):
 
     recipes: tuple[str, ...] = ()
     """Folders of the team's own recipe presets (`*.yaml`): each gets a train deployment beside those of
-    configs/, named after its file (a name both places use is refused)."""
+    configs/, named after its file, a staged `recipe.yaml` after its folder (`probepo stage` writes one per
+    folder); a name used twice is refused."""

@@ -16,11 +16,12 @@ from dataclasses import dataclass
 
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
+from probepo.engines.sampler import call_plan, chunk_plan
 from probepo.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
-from probepo.stages.shards import ShardBook, generate_in_shards, graded_over_ranks
+from probepo.stages.shards import ShardBook, calls_within, generate_in_shards, graded_over_ranks
 from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
@@ -28,6 +29,29 @@ STAGE = Stage.EVALUATE
 RESULTS = EVAL_RESULTS
 HELDOUT = "heldout"
 """The suite of a run's own eval split (its `eval` settings); every other suite is a benchmark."""
+EVAL_DECODE_TOKENS_PER_S = 3000.0
+"""Tokens a second one engine is assumed to decode in an evaluation call whose rows all run to their
+response budget: vLLM at 7B (DeepSeekMath-7B) on one H200 with model.vllm_memory 0.35, by the H200 roofline
+of bench/ranks_model.py (`h200_decoder`, `call_seconds`: a step costs 2 ms + the 13.8 GB of bf16 weights
+read at 70 % of 4.8 TB/s, 35 µs a row and each row's KV cache read; the cache, 0.35 × 141 GB less the
+weights, holds ~68,000 tokens: ~60 rows of 120 + 1,024), which gives 3,140 tokens/s for a call of 64 such
+rows and 4,050-4,310 for calls of 256-2,048: the lower figure, as the roofline is not measured (no GPU
+here). A smaller model decodes faster, so its shards end sooner than this says."""
+ROW_DECODE_TOKENS_PER_S = 70.0
+"""Tokens a second one row decodes in such a call while its batch fills vLLM's cache: the same roofline's
+step of ~60 rows at a mean context of ~630 tokens, ~14 ms. (Alone it would decode ~160: bench/results/
+ranks.json's sample_longest_row_s, 6.4 s for 1,024 tokens.)"""
+EVAL_SHARD_SECONDS = 90.0
+"""How long one evaluation shard may take at EVAL_DECODE_TOKENS_PER_S: three quarters of the 120 s
+signal_grace_s of configs/profiles/h200-node.yaml's evaluate jobs (the resident driver's is 300 s), the rest
+left for its commit and the job's leaving, so that the shard in flight at a stop is committed before the
+kill. A constant, not each job's grace: the shards are the evaluation's plan, which a resumed attempt must
+find the same under any profile (a kept shard of another plan is refused), and a run may resume on
+another partition."""
+EVAL_SHARD_TOKENS = int(EVAL_SHARD_SECONDS * EVAL_DECODE_TOKENS_PER_S)
+"""The most tokens the rows of one evaluation shard may decode (`calls_within`): 270,000, e.g. 4 chunks of
+64 rows of 1,024 tokens. The testbed's evaluations and the tiny recipes' fit in one call: their shards are
+the recipe's calls, as before."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +78,9 @@ def _per_problem(
     prompts = [task.prompt_ids(p) for p in suite.problems]
     limits = [response_budget(ctx.config.sampling, len(prompt)) for prompt in prompts]
     engine = generation_engine(ctx)
-    samples = generate_in_shards(ctx, shards, engine, prompts, k, params, seed, limits, book=book)
+    samples = generate_in_shards(
+        ctx, shards, engine, prompts, k, params, seed, limits, book=book, call_tokens=EVAL_SHARD_TOKENS
+    )
     texts = [task.tokenizer.decode(s.ids) for group in samples for s in group]
     problems = [p for p, group in zip(suite.problems, samples, strict=True) for _ in group]
     outcomes = graded_over_ranks(ctx, task, texts, problems)
@@ -90,14 +116,61 @@ def _eval_split(config: RunConfig) -> str:
 def benchmark_suite(ctx: StageContext, name: str) -> Suite:
     """A benchmark as a suite: its problems (the first `benchmark_problems`, or all) and k (the study's
     Mean@k, or `benchmark_samples`)."""
-    from probepo.data.benchmarks import BENCHMARKS, load_benchmark
+    from probepo.data.benchmarks import load_benchmark
     from probepo.data.math_sources import from_benchmark
 
-    settings = ctx.config.eval
     problems = [from_benchmark(p) for p in load_benchmark(name, ctx.config.task.benchmarks_root)]
-    chosen = problems[: settings.benchmark_problems]
-    k = settings.benchmark_samples or BENCHMARKS[name].mean_at_k or 1
+    chosen = problems[: ctx.config.eval.benchmark_problems]
+    k = _benchmark_samples(ctx.config, name)
     return Suite(name, chosen, k, f"{name}: {len(chosen)} of its {len(problems)} problems, Mean@{k}")
+
+
+def _benchmark_samples(config: RunConfig, name: str) -> int:
+    """k of a benchmark's Mean@k: the study's, or `eval.benchmark_samples`."""
+    from probepo.data.benchmarks import BENCHMARKS
+
+    return config.eval.benchmark_samples or BENCHMARKS[name].mean_at_k or 1
+
+
+@dataclass(frozen=True)
+class ShardBound:
+    """The largest shard of a recipe's evaluation, every row at `sampling.max_tokens`: what `probepo check`
+    weighs against the grace window of the jobs that evaluate."""
+
+    suite: str
+    chunks: int
+    rows: int
+    tokens: int
+
+    @property
+    def seconds(self) -> float:
+        """Its decoding at EVAL_DECODE_TOKENS_PER_S."""
+        return self.tokens / EVAL_DECODE_TOKENS_PER_S
+
+
+def largest_shard(config: RunConfig) -> ShardBound:
+    """The evaluation's largest shard over its suites (the run's own evaluate stage's, and what an
+    evaluation after the fact takes by default), planned as the stage plans them, each row at the most
+    tokens it may decode: the stage's own limits (a long prompt's under `sampling.context`) are no more."""
+    from probepo.data.benchmarks import BENCHMARKS
+
+    settings, sampling = config.eval, config.sampling
+    # (suite, problems, k); a held-out split may hold fewer problems than asked: fewer chunks, no larger ones
+    suites = [(HELDOUT, settings.problems, settings.samples_per_problem)]
+    if settings.benchmarks:
+        suites = [
+            (name, min(settings.benchmark_problems or spec.rows, spec.rows), _benchmark_samples(config, name))
+            for name, spec in ((name, BENCHMARKS[name]) for name in settings.benchmarks)
+        ]
+    bounds = []
+    for name, problems, samples in suites:
+        k = 1 if settings.temperature == 0 else samples
+        plan = chunk_plan([0] * problems, k, sampling.batch_rows)
+        tokens = [len(chunk) * k * sampling.max_tokens for chunk in plan]
+        for call in calls_within(call_plan(len(plan), sampling.shards), tokens, EVAL_SHARD_TOKENS):
+            rows = sum(len(plan[c]) for c in call) * k
+            bounds.append(ShardBound(name, len(call), rows, sum(tokens[c] for c in call)))
+    return max(bounds, key=lambda bound: bound.tokens)
 
 
 def recipe_suites(config: RunConfig) -> tuple[str, ...]:

@@ -9,10 +9,21 @@ ranks, whoever made which call.
 At a preemption signal a rank claims no further call; every rank then raises Preempted together (the shards
 already committed stay), and the next attempt, on any number of ranks, makes only the missing ones. An
 evaluation's array task does not wait for the call in flight: its stop abandons it at once (slurm/job.py:
-AbandoningStop), and its next run makes that call again, the same bits.
+AbandoningStop), and its next run makes that call again, the same bits. An evaluation cuts its calls to a
+token budget (`calls_within`, stages/evaluate.py's EVAL_SHARD_TOKENS), so that the call in flight at a stop
+ends within its job's grace window and what the stop interrupts is short.
 
 Where the shards are kept is a ShardBook: a stage's go to the run's ledger (LedgerShards); an evaluation
 after the fact keeps its own beside the run's evaluations (probepo.evaluations), never in the ledger.
+
+A job with more ranks than a step has calls (16 ranks of two 8-GPU nodes, a study recipe's `shards: 8`)
+leaves the ranks beyond them idle in that step, and the calls are never split further for them: a chunk is
+the unit of randomness (the lockstep engines draw every row of a chunk from one generator, so its rows
+cannot be parted), and vLLM rounds each row with its batch-mates unless its batch-invariant mode is on
+(off by default: configs/profiles/h200-node.yaml), so a call split over ranks would change the bits with
+the world size. A recipe made for more ranks deals its chunks into more calls instead
+(`calls_for_every_rank`; configs/deepseekmath-7b-sft-two-nodes.yaml: 16 calls), with other bits than the
+recipe it comes from, and `probepo check` warns where a generating job has more ranks than calls.
 """
 
 from __future__ import annotations
@@ -25,9 +36,11 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from probepo import distributed, spend
+from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.devices import assigned_gpu, gpu_index
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams, call_chunks
+from probepo.engines.sampler import call_plan, chunk_plan
 from probepo.faults import fault_point
 from probepo.preemption import Preempted
 from probepo.stages.context import StageContext
@@ -95,14 +108,19 @@ def generate_in_shards(
     rescue_ids: Sequence[int] = (),
     rescue_tokens: int = 0,
     book: ShardBook | None = None,
+    call_tokens: int | None = None,
 ) -> list[list[Completion]]:
     """`engine.continue_from` with these arguments, over this job's ranks: every rank calls it alike, makes
     the calls it claims among those no attempt has kept in `book` (default: the run's ledger), and gets
     every prefix's completions back (read from the kept shards). Raises Preempted on every rank when any
-    rank's stop flag is up."""
+    rank's stop flag is up. With `call_tokens`, the engine's calls are cut where their rows could decode
+    more tokens than that (`calls_within`): shorter shards, the same samples."""
     book = book or LedgerShards(ctx)
     plan = engine.chunks(prefixes, n)
     calls = engine.calls(len(plan))
+    if call_tokens is not None:
+        budgets = [n * sum(max_new_tokens[i] for i in chunk) for chunk in plan]
+        calls = calls_within(calls, budgets, call_tokens)
     # rank 0's view, before any rank makes a call of this step: every rank must claim from the same list
     missing = distributed.broadcast_json(
         sorted(set(range(len(calls))) - book.committed(stage)) if distributed.rank() == 0 else None
@@ -139,6 +157,28 @@ def generate_in_shards(
     return _gather_shards(ctx, book, stage, [_prefixes_of(plan, call) for call in calls], made)
 
 
+def calls_within(calls: list[list[int]], chunk_tokens: Sequence[int], budget: int) -> list[list[int]]:
+    """`calls` (chunk indices), each cut into runs of its consecutive chunks whose `chunk_tokens` (the most
+    a chunk's rows decode) sum to at most `budget`, in order: a call within it stays whole, so a plan that
+    fits is the plan as it was. A chunk over it alone is a call of its own: a chunk is one random stream,
+    never parted. Every chunk keeps its seed (`chunk_seed` of its index), so the samples are the same
+    however the calls are cut: a call is a unit of commit, not of maths (bitwise on CPU; on GPU with
+    vLLM's batch-invariant mode)."""
+    cut: list[list[int]] = []
+    for call in calls:
+        run: list[int] = []
+        tokens = 0
+        for chunk in call:
+            if run and tokens + chunk_tokens[chunk] > budget:
+                cut.append(run)
+                run, tokens = [], 0
+            run.append(chunk)
+            tokens += chunk_tokens[chunk]
+        if run:
+            cut.append(run)
+    return cut
+
+
 def graded_over_ranks(ctx: StageContext, task: Task, texts: list[str], problems: list[Problem]) -> list[str]:
     """`task.grade_many(texts, problems)` on every rank, each answer graded by one rank only: rank r grades
     answers r, r + world, … (a spread, as grading time varies with the answer), and the outcomes are
@@ -153,6 +193,34 @@ def graded_over_ranks(ctx: StageContext, task: Task, texts: list[str], problems:
     earlier = ctx.attempt_notes.get("graded", [0] * world)  # a stage may grade several times (suites)
     ctx.attempt_notes["graded"] = [count + len(part) for count, part in zip(earlier, parts, strict=True)]
     return outcomes
+
+
+def sample_step_calls(config: RunConfig) -> int:
+    """The engine calls of a recipe's sample step (prompts_per_update prompts, group_size samples each): how
+    many ranks of a generating job all get a call in every update. (Probe's rows, more in the study recipes,
+    vary with the pivots chosen; a tree method samples in levels of its own.) A function of the recipe
+    alone, as the calls are: the prompts' lengths order the chunks but do not count them."""
+    return len(call_plan(_sample_chunks(config), config.sampling.shards))
+
+
+def calls_for_every_rank(config: RunConfig, ranks: int) -> dict[str, int] | None:
+    """`sampling.shards` and `sampling.batch_rows` of a variant of `config` whose sample step has a call for
+    each of `ranks` ranks: at least `ranks` calls, of the recipe's own chunks where they number `ranks`,
+    else of chunks as large as leave `ranks` of them. Other bits than the recipe's (a chunk is the unit of
+    randomness, and vLLM rounds a row with its call's other rows). None where the recipe samples fewer
+    prompts per update than `ranks`: a chunk holds one prompt at least."""
+    prompts_per_chunk = config.prompts_per_update // ranks
+    if prompts_per_chunk == 0:
+        return None
+    sampling = config.sampling
+    fitting = _sample_chunks(config) >= ranks
+    batch_rows = sampling.batch_rows if fitting else prompts_per_chunk * config.group_size
+    return {"shards": max(ranks, sampling.shards or ranks), "batch_rows": batch_rows}
+
+
+def _sample_chunks(config: RunConfig) -> int:
+    """The chunks of a recipe's sample step."""
+    return len(chunk_plan([0] * config.prompts_per_update, config.group_size, config.sampling.batch_rows))
 
 
 def _prefixes_of(plan: list[list[int]], call: list[int]) -> list[int]:

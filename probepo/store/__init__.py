@@ -23,6 +23,7 @@ from probepo.store.errors import (
     RunConfigMismatch,
     RunNotFound,
     StoreError,
+    StoreOutage,
     StoreUnreachable,
 )
 from probepo.store.lease import Lease, acquire_lease, read_lease
@@ -52,6 +53,7 @@ __all__ = [
     "RunNotFound",
     "StageFiles",
     "StoreError",
+    "StoreOutage",
     "StoreUnreachable",
     "VerifyReport",
     "acquire_lease",

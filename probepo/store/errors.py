@@ -104,3 +104,10 @@ class RunConfigMismatch(StoreError):
 
 class StoreUnreachable(StoreError):
     """The store cannot be reached or used: endpoint down, bucket missing, credentials missing or refused."""
+
+
+class StoreOutage(StoreUnreachable):
+    """The endpoint does not answer, or answers with a server error (connection refused or reset, a
+    timeout, 5xx after botocore's own retries): a passing state, ridden out up to the process's deadline
+    (probepo/store/outage.py), then raised. Unlike a missing bucket or refused credentials, trying again
+    later may succeed."""

@@ -7,7 +7,9 @@ compare-and-swap write of a released record, read as no lease. An expired lease 
 may one whose holder is known to be gone: a process of this host that no longer exists, or a holder that a
 scheduler's accounting says ended (a HolderEnded look-up, handed in by whoever knows the scheduler: probepo
 never imports slurm/). A live one raises LeaseHeld naming the holder. Expiry compares wall clocks across
-hosts: keep the TTL well above the clock skew (minutes).
+hosts: keep the TTL well above the clock skew (minutes). Through a store outage the holder keeps its
+promise by its own clock: `Lease.certain_until` says until when no other driver can have taken it over
+(driver_lease.LeaseKeeper fences the run's writes past it: probepo/store/outage.py).
 """
 
 from __future__ import annotations
@@ -78,10 +80,14 @@ class Lease:
         record: dict[str, Any],
         etag: str,
         replaced: dict[str, Any] | None = None,
+        *,
+        written_at: float,
     ) -> None:
         self.store, self.run_id, self.record, self._etag = store, run_id, record, etag
         self.replaced = replaced
         """The lease record this one overwrote (expired, ours, taken over or forced), or None."""
+        self.written_at = written_at
+        """When (time.monotonic) the write that set the current expiry was made, before it was sent."""
         self._key = RunLayout(run_id).lease
         self.released = False
 
@@ -94,8 +100,15 @@ class Lease:
         """Expiry as epoch seconds."""
         return self.record["expires_at_epoch"]
 
+    @property
+    def certain_until(self) -> float:
+        """Until when (time.monotonic) the lease is surely ours by this process's clock: its TTL from
+        before the write that set its expiry. Another driver may take it over only after that."""
+        return self.written_at + self.record["ttl_s"]
+
     def renew(self) -> None:
         """Push the expiry out by the TTL; raises LeaseLost if someone else took the lease meanwhile."""
+        written_at = time.monotonic()
         record = _lease_record(
             self.holder, self.record["ttl_s"], self.record["token"], self.record["acquired_at"]
         )
@@ -106,7 +119,7 @@ class Lease:
                 f"lost the lease of run {self.run_id!r} (held by {self.holder!r}): it expired and was taken "
                 "over, or was forced; stop working on this run"
             )
-        self.record, self._etag = record, etag
+        self.record, self._etag, self.written_at = record, etag, written_at
 
     def release(self) -> None:
         """Give the lease up (a no-op if it was already lost)."""
@@ -176,6 +189,7 @@ def acquire_lease(
         raise ValueError(f"ttl_s must be positive, got {ttl_s}")
     key = RunLayout(run_id).lease
     objects = store.objects
+    written_at = time.monotonic()
     record = _lease_record(holder, ttl_s, uuid.uuid4().hex, datetime.now(UTC).isoformat(timespec="seconds"))
     data = to_json_bytes(record)
     for _ in range(ACQUIRE_RACES):
@@ -195,7 +209,7 @@ def acquire_lease(
                 raise LeaseHeld(run_id, existing)
             etag = objects.put_if_match(key, data, current.etag)
         if etag is not None:
-            return Lease(store, run_id, record, etag, replaced=existing)
+            return Lease(store, run_id, record, etag, replaced=existing, written_at=written_at)
     raise StoreError(f"could not take the lease of run {run_id!r}: lost {ACQUIRE_RACES} races in a row")
 
 

@@ -13,9 +13,12 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
 from probepo.store.errors import StoreError
+
+if TYPE_CHECKING:
+    from probepo.store.outage import WriteFence
 
 COPY_BUFFER = 128 << 10
 """Bytes per read of `copy_hashed`: small enough that each piece is still in the CPU cache when it is hashed
@@ -95,6 +98,11 @@ class ObjectStore(ABC):
 
     url: str
     """Where the store lives, for messages: never carries a credential."""
+
+    fence: WriteFence | None = None
+    """Set while a driver holds a run's lease through this store (driver_lease.LeaseKeeper): where writes
+    may wait out an outage (S3), none of the run's goes out past it until the lease is renewed
+    (probepo/store/outage.py). A local folder never stops answering: it has nothing to hold back."""
 
     @abstractmethod
     def put_bytes(self, key: str, data: bytes) -> None:

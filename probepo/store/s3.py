@@ -6,6 +6,11 @@ Retries are botocore's adaptive mode; large files go up as multipart uploads rea
 hashed as read, their parts sent in parallel, and come down through s3transfer's parallel ranged downloads
 hashed in order; botocore's per-part CRC32 checksums are on the wire both ways. Messages name the endpoint
 and bucket, never a credential.
+
+Every operation goes through `_call`: its failures translated (s3_errors.py) and an unreachable endpoint
+ridden out (outage.py), the whole operation tried again. In a process that rides out outages, botocore
+retries a request only RIDING_MAX_ATTEMPTS times (seconds), so the outage's deadline, not botocore's
+backoff (~1.5 minutes over 10 attempts), says how long a request may wait.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ import functools
 import hashlib
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeVar
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -32,6 +37,7 @@ from s3transfer.utils import ChunksizeAdjuster
 from probepo.store.capabilities import Conditionals, bare_etag, require_conditionals
 from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
 from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned
+from probepo.store.outage import RIDER
 from probepo.store.s3_errors import (
     CONFLICT_CODES,
     MISSING_CODES,
@@ -47,8 +53,11 @@ MULTIPART_THRESHOLD = 64 << 20
 MULTIPART_CHUNK = 8 << 20
 TRANSFER_CONCURRENCY = 10
 DEFAULT_MAX_ATTEMPTS = 10
+RIDING_MAX_ATTEMPTS = 2
+"""botocore's retries of one request where the process rides out outages itself (outage.py)."""
 CONFLICT_RETRIES = 5
 _SESSION_LOCK = threading.Lock()
+T = TypeVar("T")
 
 
 @functools.cache
@@ -68,11 +77,15 @@ class S3ObjectStore(ObjectStore):
         endpoint_url: str | None = None,
         profile: str | None = None,
         region: str | None = None,
-        max_attempts: int = DEFAULT_MAX_ATTEMPTS,
+        max_attempts: int | None = None,
     ) -> None:
+        """`max_attempts`: botocore's retries of a request; by default DEFAULT_MAX_ATTEMPTS, or
+        RIDING_MAX_ATTEMPTS in a process that rides out outages."""
         self.bucket = bucket
         self.root = prefix.strip("/") + "/" if prefix.strip("/") else ""
         self.url = f"s3://{bucket}/{self.root}"
+        if max_attempts is None:
+            max_attempts = RIDING_MAX_ATTEMPTS if RIDER.riding else DEFAULT_MAX_ATTEMPTS
         self._max_attempts = max_attempts
         config = Config(
             retries={"mode": "adaptive", "max_attempts": max_attempts},
@@ -104,14 +117,25 @@ class S3ObjectStore(ObjectStore):
         https = self.client.meta.endpoint_url.startswith("https:")
         return translated_errors(f"S3 endpoint {self.endpoint}, bucket {self.bucket!r}", action, key, https)
 
+    def _call(self, action: str, key: str, operation: Callable[[], T], *, writes: bool = False) -> T:
+        """`operation()` (requests about `key`), its failures translated, an outage ridden out."""
+
+        def translated() -> T:
+            with self._errors(action, key):
+                return operation()
+
+        return RIDER.ride_out(translated, key=key, fence=(lambda: self.fence) if writes else None)
+
     def _full(self, key: str) -> str:
         return self.root + key
 
     # -- writes ------------------------------------------------------------------------------------
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        with self._errors("write", key):
+        def put() -> None:
             self.client.put_object(Bucket=self.bucket, Key=self._full(key), Body=data)
+
+        self._call("write", key, put, writes=True)
 
     def put_file(self, key: str, path: Path) -> Digest:
         size = path.stat().st_size
@@ -120,8 +144,12 @@ class S3ObjectStore(ObjectStore):
             self.put_bytes(key, data)
             return Digest.of(data)
         part_size = ChunksizeAdjuster().adjust_chunksize(MULTIPART_CHUNK, size)  # at most 10,000 parts
-        with self._errors("upload", key), open(path, "rb") as source:
-            return self._upload_parts(key, source, part_size)
+
+        def upload() -> Digest:
+            with open(path, "rb") as source:
+                return self._upload_parts(key, source, part_size)
+
+        return self._call("upload", key, upload, writes=True)
 
     def _upload_parts(self, key: str, source: BinaryIO, part_size: int) -> Digest:
         """A multipart upload in one pass over `source`: this thread reads the parts in order and hashes
@@ -209,12 +237,17 @@ class S3ObjectStore(ObjectStore):
     def _put_conditionally(self, key: str, data: bytes, **condition: str) -> str | None:
         """A conditional PUT: the new ETag, or None when the precondition fails.
 
-        If botocore retried the request (a response lost after the write landed), a 412 may be our own
-        write: the object then holds exactly our bytes, and that counts as success.
+        If the request was sent before (botocore retried it, or the rider tried the write again after an
+        outage: a response lost after the write landed), a 412 may be our own write: the object then holds
+        exactly our bytes, and that counts as success.
         """
         self._verify_conditionals()
-        for attempt in range(CONFLICT_RETRIES):
-            with self._errors("write", key):
+        sent_before = False
+
+        def put() -> str | None:
+            nonlocal sent_before
+            resent, sent_before = sent_before, True
+            for attempt in range(CONFLICT_RETRIES):
                 try:
                     response = self.client.put_object(
                         Bucket=self.bucket, Key=self._full(key), Body=data, **condition
@@ -223,17 +256,19 @@ class S3ObjectStore(ObjectStore):
                 except ClientError as exc:
                     code = error_code(exc)
                     if code in PRECONDITION_CODES:
-                        if was_retried(exc):
+                        if resent or was_retried(exc):
                             current = self.get_versioned(key)
                             return current.etag if current is not None and current.data == data else None
                         return None
                     if code not in CONFLICT_CODES:
                         raise
-            # 409: a concurrent conditional write on the key was in flight; S3 asks us to retry.
-            time.sleep(0.05 * 2**attempt)
-        raise StoreError(
-            f"{self.url}{key}: {CONFLICT_RETRIES} conditional writes in a row met a conflict (409)"
-        )
+                # 409: a concurrent conditional write on the key was in flight; S3 asks us to retry.
+                time.sleep(0.05 * 2**attempt)
+            raise StoreError(
+                f"{self.url}{key}: {CONFLICT_RETRIES} conditional writes in a row met a conflict (409)"
+            )
+
+        return self._call("write", key, put, writes=True)
 
     def put_if_absent(self, key: str, data: bytes) -> str | None:
         return self._put_conditionally(key, data, IfNoneMatch="*")
@@ -244,9 +279,9 @@ class S3ObjectStore(ObjectStore):
     # -- reads -------------------------------------------------------------------------------------
 
     def _get(self, key: str) -> tuple[bytes, str] | None:
-        attempt = 0
-        while True:
-            with self._errors("read", key):
+        def get() -> tuple[bytes, str] | None:
+            attempt = 0
+            while True:
                 try:
                     response: dict[str, Any] = self.client.get_object(Bucket=self.bucket, Key=self._full(key))
                 except ClientError as exc:
@@ -255,11 +290,13 @@ class S3ObjectStore(ObjectStore):
                     raise
                 try:
                     return response["Body"].read(), response["ETag"]
-                except STREAM_ERRORS:
+                except STREAM_ERRORS:  # a body cut off: botocore's retries do not cover the read
                     attempt += 1
                     if attempt == self._max_attempts:
                         raise
-            time.sleep(min(0.1 * 2**attempt, 5.0))
+                time.sleep(min(0.1 * 2**attempt, 5.0))
+
+        return self._call("read", key, get)
 
     def get_bytes(self, key: str) -> bytes:
         found = self._get(key)
@@ -272,26 +309,28 @@ class S3ObjectStore(ObjectStore):
         return None if found is None else Versioned(*found)
 
     def download_file(self, key: str, dest: Path) -> Digest:
-        with open(dest, "wb") as handle:
-            return self._stream(key, HashingWriter(handle), "download")
+        def download() -> Digest:
+            with open(dest, "wb") as handle:  # a try after an outage starts the file over
+                return self._stream(key, HashingWriter(handle))
+
+        return self._call("download", key, download)
 
     def digest(self, key: str) -> Digest:
-        return self._stream(key, HashingWriter(None), "read")
+        return self._call("read", key, lambda: self._stream(key, HashingWriter(None)))
 
-    def _stream(self, key: str, sink: HashingWriter, action: str) -> Digest:
+    def _stream(self, key: str, sink: HashingWriter) -> Digest:
         """Download into a hashing sink. Being write-only, it makes s3transfer deliver the parallel ranges
         in order, so the bytes are hashed in one pass."""
-        with self._errors(action, key):
-            try:
-                self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
-            except ClientError as exc:
-                if error_code(exc) in MISSING_CODES:
-                    raise ObjectMissing(f"no object {key!r} in {self.url}") from None
-                raise
+        try:
+            self.client.download_fileobj(self.bucket, self._full(key), sink, Config=self.transfer)
+        except ClientError as exc:
+            if error_code(exc) in MISSING_CODES:
+                raise ObjectMissing(f"no object {key!r} in {self.url}") from None
+            raise
         return sink.digest()
 
     def exists(self, key: str) -> bool:
-        with self._errors("check", key):
+        def head() -> bool:
             try:
                 self.client.head_object(Bucket=self.bucket, Key=self._full(key))
                 return True
@@ -300,34 +339,45 @@ class S3ObjectStore(ObjectStore):
                     return False
                 raise
 
+        return self._call("check", key, head)
+
     def list(self, prefix: str) -> Iterator[ObjectInfo]:
-        with self._errors("list", prefix):
+        """Listed whole before the first is yielded: a listing cut by an outage is started over."""
+
+        def listed() -> list[ObjectInfo]:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self._full(prefix)
             )
-            for page in pages:
-                for item in page.get("Contents", []):
-                    key = item["Key"][len(self.root) :]
-                    yield ObjectInfo(key, int(item["Size"]), item["LastModified"].timestamp())
+            return [
+                ObjectInfo(item["Key"][len(self.root) :], int(item["Size"]), item["LastModified"].timestamp())
+                for page in pages
+                for item in page.get("Contents", [])
+            ]
+
+        return iter(self._call("list", prefix, listed))
 
     def list_children(self, prefix: str) -> list[str]:
-        names: list[str] = []
         full = self._full(prefix)
-        with self._errors("list", prefix):
+
+        def listed() -> list[str]:
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=full, Delimiter="/"
             )
-            for page in pages:
-                names.extend(
-                    item["Prefix"][len(full) :].rstrip("/") for item in page.get("CommonPrefixes", [])
-                )
-        return sorted(names)
+            return sorted(
+                item["Prefix"][len(full) :].rstrip("/")
+                for page in pages
+                for item in page.get("CommonPrefixes", [])
+            )
+
+        return self._call("list", prefix, listed)
 
     # -- deletes -----------------------------------------------------------------------------------
 
     def delete(self, key: str) -> None:
-        with self._errors("delete", key):
+        def delete() -> None:
             self.client.delete_object(Bucket=self.bucket, Key=self._full(key))
+
+        self._call("delete", key, delete, writes=True)
 
     def honours_conditional_delete(self) -> bool:
         return self._verify_conditionals().conditional_delete
@@ -338,16 +388,18 @@ class S3ObjectStore(ObjectStore):
                 f"S3 endpoint {self.endpoint} ignores If-Match on DELETE: {key!r} cannot be deleted "
                 "conditionally (callers check honours_conditional_delete first)"
             )
-        with self._errors("delete", key):
+        if_match = self._if_match(etag)
+
+        def delete() -> bool:
             try:
-                self.client.delete_object(
-                    Bucket=self.bucket, Key=self._full(key), IfMatch=self._if_match(etag)
-                )
+                self.client.delete_object(Bucket=self.bucket, Key=self._full(key), IfMatch=if_match)
                 return True
             except ClientError as exc:
                 if error_code(exc) in PRECONDITION_CODES | MISSING_CODES:
                     return False
                 raise
+
+        return self._call("delete", key, delete, writes=True)
 
     def prune_empty(self, prefix: str) -> None:
         """Nothing to do: S3 has no folders, only keys."""

@@ -1,5 +1,7 @@
 """How the S3 backend reads botocore's failures: the error codes it tells apart, and the translation of
-every failure into a store error that names endpoint, bucket and key (never a credential)."""
+every failure into a store error that names endpoint, bucket and key (never a credential). An endpoint
+that does not answer (connection refused or reset, a timeout, a body cut off, 5xx once botocore's own
+retries are spent) becomes StoreOutage, which the rider waits out (outage.py)."""
 
 from __future__ import annotations
 
@@ -14,18 +16,30 @@ from botocore.exceptions import (
     ConnectTimeoutError,
     CredentialRetrievalError,
     EndpointConnectionError,
+    HTTPClientError,
     IncompleteReadError,
     NoCredentialsError,
     PartialCredentialsError,
+    ProxyConnectionError,
     ReadTimeoutError,
     ResponseStreamingError,
 )
+from s3transfer.exceptions import RetriesExceededError
 
-from probepo.store.errors import StoreError, StoreUnreachable
+from probepo.store.errors import StoreError, StoreOutage, StoreUnreachable
 
 # A body cut off mid-stream is not covered by botocore's request retries: we retry those reads ourselves.
 STREAM_ERRORS = (ResponseStreamingError, IncompleteReadError, ReadTimeoutError, ConnectionClosedError)
 CREDENTIAL_ERRORS = (NoCredentialsError, PartialCredentialsError, CredentialRetrievalError)
+UNCONNECTED_ERRORS = (
+    EndpointConnectionError,
+    ConnectTimeoutError,
+    ProxyConnectionError,
+    ConnectionClosedError,
+)
+"""No connection, or one closed under the request: the endpoint is down or restarting."""
+CUT_OFF_ERRORS = (HTTPClientError, IncompleteReadError, RetriesExceededError)
+"""A read timeout, a body cut off mid-stream (s3transfer's ranged downloads, after their own retries)."""
 REFUSED_CODES = {
     "InvalidAccessKeyId",
     "SignatureDoesNotMatch",
@@ -53,6 +67,11 @@ def error_code(error: ClientError) -> str:
     return str(error.response.get("Error", {}).get("Code", ""))
 
 
+def server_error(error: ClientError) -> bool:
+    """A 5xx: the endpoint is there but cannot serve (overloaded, restarting, a proxy without backend)."""
+    return int(error.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0)) >= 500
+
+
 def was_retried(error: ClientError) -> bool:
     return int(error.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)) > 0
 
@@ -67,8 +86,8 @@ def translated_errors(where: str, action: str, key: str, https: bool) -> Iterato
             f"{where}: no usable AWS credentials; set AWS_PROFILE or AWS_ACCESS_KEY_ID/"
             "AWS_SECRET_ACCESS_KEY (or an instance role)"
         ) from None
-    except (EndpointConnectionError, ConnectTimeoutError, ConnectionClosedError) as exc:
-        raise StoreUnreachable(
+    except UNCONNECTED_ERRORS as exc:
+        raise StoreOutage(
             f"{where}: cannot connect ({type(exc).__name__}) while trying to {action} {key!r}; "
             "check that the endpoint is up and that AWS_ENDPOINT_URL_S3 (or the profile endpoint_url) "
             "points at it"
@@ -89,6 +108,9 @@ def translated_errors(where: str, action: str, key: str, https: bool) -> Iterato
                 f"to {action} {key!r}; set AWS_REQUEST_CHECKSUM_CALCULATION=when_required (or "
                 "request_checksum_calculation = when_required in the AWS profile)"
             ) from None
-        raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc
+        failed = StoreOutage if server_error(exc) else StoreError
+        raise failed(f"{where}: {action} {key!r} failed: {exc}") from exc
+    except CUT_OFF_ERRORS as exc:
+        raise StoreOutage(f"{where}: {action} {key!r} failed: {exc}") from exc
     except BotoCoreError as exc:
         raise StoreError(f"{where}: {action} {key!r} failed: {exc}") from exc

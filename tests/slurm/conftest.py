@@ -29,30 +29,64 @@ def _exports(text: str) -> dict[str, str]:
     return {key: value for key, value in pairs}
 
 
+def _start_cluster(settings: dict[str, str]) -> dict[str, str]:
+    """Start a cluster of infra/slurm with `settings` (its environment variables) here, where this machine
+    can (root, packages installed); returns its environment (SLURM_CONF, ...)."""
+    if os.geteuid() != 0 or shutil.which("slurmctld") is None:
+        pytest.skip(
+            "no SLURM cluster: as root, `bash infra/slurm/install.sh` then"
+            ' `eval "$(bash infra/slurm/start.sh)"` (or run .ci/run, which does it)'
+        )
+    started = subprocess.run(
+        ["bash", str(INFRA / "start.sh")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **settings},
+    )
+    assert started.returncode == 0, started.stderr
+    return _exports(started.stdout)
+
+
 @pytest.fixture(scope="session")
 def slurm_cluster() -> Iterator[dict[str, str]]:
     """The cluster's environment (SLURM_CONF, ...), set in this process for the session."""
-    started_here = False
-    if not os.environ.get("SLURM_CONF"):
-        if os.geteuid() != 0 or shutil.which("slurmctld") is None:
-            pytest.skip(
-                "no SLURM cluster: as root, `bash infra/slurm/install.sh` then"
-                ' `eval "$(bash infra/slurm/start.sh)"` (or run .ci/run, which does it)'
-            )
-        nodes = {"PROBEPO_SLURM_NODES": os.environ.get("PROBEPO_SLURM_NODES", "2")}
-        started = subprocess.run(
-            ["bash", str(INFRA / "start.sh")],
-            capture_output=True,
-            text=True,
-            timeout=300,
-            env={**os.environ, **nodes},
-        )
-        assert started.returncode == 0, started.stderr
-        os.environ.update(_exports(started.stdout))
-        started_here = True
+    started_here = not os.environ.get("SLURM_CONF")
+    if started_here:
+        os.environ.update(_start_cluster({"PROBEPO_SLURM_NODES": os.environ.get("PROBEPO_SLURM_NODES", "2")}))
     yield {key: os.environ[key] for key in ("SLURM_CONF", "PROBEPO_SLURM_NODE") if key in os.environ}
     if started_here:
         subprocess.run(["bash", str(INFRA / "stop.sh")], capture_output=True, timeout=120)
+
+
+QOS_CLUSTER = dict(
+    line.split("=", 1)
+    for line in (INFRA / "qos-cluster.env").read_text().splitlines()
+    if line and not line.startswith("#")
+)
+"""The second controller's settings: one node, preemption by QOS (scripts/services.sh starts it)."""
+
+
+@pytest.fixture(scope="session")
+def qos_slurm_conf() -> Iterator[str]:
+    """The SLURM_CONF of the cluster that preempts by QOS: the one `.ci/run` started
+    (PROBEPO_TEST_QOS_SLURM_CONF), else one started here for the session."""
+    given = os.environ.get("PROBEPO_TEST_QOS_SLURM_CONF")
+    if given:
+        yield given
+        return
+    yield _start_cluster(QOS_CLUSTER)["SLURM_CONF"]
+    subprocess.run(
+        ["bash", str(INFRA / "stop.sh")], env={**os.environ, **QOS_CLUSTER}, capture_output=True, timeout=120
+    )
+
+
+@pytest.fixture
+def qos_cluster(qos_slurm_conf: str, monkeypatch: pytest.MonkeyPatch) -> str:
+    """This test's SLURM commands (and the drivers it starts) go to the QOS cluster; returns its node."""
+    monkeypatch.setenv("SLURM_CONF", qos_slurm_conf)
+    monkeypatch.setenv("PROBEPO_SLURM_NODE", QOS_CLUSTER["PROBEPO_SLURM_NODE"])
+    return QOS_CLUSTER["PROBEPO_SLURM_NODE"]
 
 
 @pytest.fixture

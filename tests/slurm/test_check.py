@@ -115,14 +115,19 @@ def test_a_site_without_the_user_signal_at_preemption_is_warned_about(slurm_clus
     profile = _profile(tmp_path)
     found = check_launch(_recipe(tmp_path), "slurm", profile).findings
     assert found.warnings == []
-    assert any("low (GraceTime 60 s) send the job's USR2 at preemption" in line for line in found.passed)
+    assert any(
+        "preempt/partition_prio: partition low (GraceTime 60 s) send the job's USR2 at preemption" in line
+        for line in found.passed
+    )
 
     real = site.read_site()
     config = {**real.config, "SlurmctldParameters": "(null)"}
     monkeypatch.setattr(site, "read_site", lambda: dataclasses.replace(real, config=config))
     found = check_launch(_recipe(tmp_path), "slurm", profile).findings
     (warning,) = found.warnings
-    assert warning.startswith("preemption: preempt/partition_prio may preempt jobs in low (GraceTime 60 s)")
+    assert warning.startswith(
+        "preemption: preempt/partition_prio may preempt jobs of partition low (GraceTime 60 s)"
+    )
     assert "ask the admins for SlurmctldParameters=preempt_send_user_signal" in warning
     assert found.failures == []
 
@@ -250,7 +255,7 @@ def test_the_probe_job_reaches_the_store_with_the_credentials_a_job_gets(
 ):
     """From inside the job: a write, a read back and a delete under the store's prefix with what the job
     receives. Keys in a credentials file named by the allow-listed AWS_SHARED_CREDENTIALS_FILE reach it;
-    keys set only as variables are stripped from jobs, which the login node's own check cannot see."""
+    keys set only as variables are stripped from jobs, which the login node's check now sees first."""
     if endpoint == "moto":
         server, bucket = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_bucket")
     else:
@@ -280,8 +285,13 @@ def test_the_probe_job_reaches_the_store_with_the_credentials_a_job_gets(
     done = _probe_check(tmp_path, profile, store, as_variables)
     assert done.returncode == 2, done.stdout + done.stderr
     assert any(line.startswith(f"ok   store: {store}") for line in done.stdout.splitlines())  # login node
-    (failure,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL probe job ")]
-    assert bucket in failure and "AWS_SHARED_CREDENTIALS_FILE" in failure
+    # the login node judges the store's credentials as a job gets them, and refuses before any job
+    (failure,) = [line for line in done.stdout.splitlines() if line.startswith("FAIL ")]
+    assert failure.startswith(f"FAIL store {store}: this process reaches S3 with AWS_ACCESS_KEY_ID")
+    assert "AWS_SHARED_CREDENTIALS_FILE" in failure
+    assert not any(
+        line.startswith(("ok   probe job ", "FAIL probe job ")) for line in done.stdout.splitlines()
+    )
 
 
 def test_the_probe_job_refuses_a_tmpdir_smaller_than_an_updates_scratch(

@@ -17,7 +17,7 @@ from probepo.cli import app
 from probepo.pipeline import train
 from probepo.store import ArtifactStore
 from slurm.accounting import job_costs, job_states
-from slurm.runner import duration
+from slurm.tables import duration
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import TIMEOUT_S, slurm
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from probepo.config import ExecutionProfile, StageResources
 from slurm.backends import SlurmBackend
 from slurm.check import site_way_findings
 from tests.slurm.conftest import drill_config
-from tests.slurm.drill import Drill
+from tests.slurm.drill import Drill, slurm
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -92,3 +93,29 @@ def test_module_load_in_setup_works_once_lmods_init_is_sourced(slurm_cluster, tm
             job.result() == expected
         )  # without the init, `module` is not found and the line exports nothing
         assert bool(site_way_findings(profile, ["sample"]).warnings) == (expected is None)
+
+
+def test_each_rank_is_given_the_cpus_per_task_of_its_profile(slurm_cluster, tmp_path):
+    """srun of SLURM 22.05-23.02 does not take --cpus-per-task from sbatch (22.05's RELEASE_NOTES: "srun will
+    no longer read in SLURM_CPUS_PER_TASK"): the ranks' srun line carries it. Under this cluster's
+    task/none nothing binds, so the allocation is what shows it: the ranks' step (JOB.0) holds
+    tasks x cpus_per_task CPUs and, with no mem_gb, the job's memory (DefMemPerCPU x its CPUs)."""
+    resources = StageResources(time_min=5, tasks_per_node=2, cpus_per_task=3)
+    profile = ExecutionProfile(job_folder=str(tmp_path / "jobs"), defaults=resources)
+    (job,) = SlurmBackend(profile).submit_arrays(os.getenv, ["SLURM_CPUS_PER_TASK"], resources, tmp_path)[0]
+    assert job.results() == ["3", "3"]  # what srun gave each rank
+    script = Path(job.paths.submission_file).read_text()
+    srun = next(line for line in script.splitlines() if line.startswith("srun "))
+    assert "--cpus-per-task=3" in srun.split()
+    step = accounted_step(f"{job.job_id}.0")
+    assert step["AllocCPUS"] == "6" and "mem=1.50G" in step["AllocTRES"]  # 6 CPUs x DefMemPerCPU 256 MB
+
+
+def accounted_step(step_id: str, timeout_s: float = 30.0) -> dict[str, str]:
+    """A job step's allocation as accounting records it (it may lag the job's end by a moment)."""
+    fields = ("AllocCPUS", "AllocTRES")
+    deadline = time.monotonic() + timeout_s
+    while not (row := slurm("sacct", "-n", "-P", "-j", step_id, "-o", ",".join(fields)).strip()):
+        assert time.monotonic() < deadline, f"sacct has no record of step {step_id}"
+        time.sleep(0.5)
+    return dict(zip(fields, row.splitlines()[0].split("|"), strict=True))

@@ -19,6 +19,7 @@ from slurm.job import AbandoningStop, TaskAbandoned
 def requeues(monkeypatch) -> list[bool]:
     asked: list[bool] = []
     monkeypatch.setattr(AbandoningStop, "install", lambda self: self)  # no handlers in the test process
+    monkeypatch.setattr(slurm.job, "node_local_caches", dict)  # nor cache variables in its environment
     monkeypatch.setattr(slurm.job, "requeue_self", lambda: asked.append(True) or True)
     return asked
 

@@ -11,7 +11,7 @@ import pytest
 from probepo.costs import RunCosts, StageCost
 from slurm.accounting import JobCost, parse_costs
 from slurm.costs import attribute, costs_table, stage_totals
-from slurm.runner import duration, jobs_table
+from slurm.tables import duration, jobs_table
 
 RECORDED = """\
 1279_0|billing=1,cpu=1,gres/gpu=1,mem=256M,node=1|2|COMPLETED|1796326902

@@ -43,3 +43,17 @@ def test_an_executor_says_whether_its_runner_keeps_engines_resident():
 
     for name, executor in EXECUTORS.items():
         assert executor.resident == executor.runner(None, ExecutionProfile()).resident, name
+
+
+@pytest.mark.parametrize("name", ["slurm", "resident"])
+def test_without_slurm_the_refusal_names_the_executor_asked_for(name, tmp_path, monkeypatch):
+    """`probepo check --executor resident` on a machine without SLURM said `--executor slurm needs ...`."""
+    from probepo.config import ExecutionProfile
+    from slurm.accounting import SlurmUnavailable
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no sbatch, sacct, squeue or scontrol
+    said = rf"^--executor {name} needs SLURM's commands, and sbatch, sacct, squeue, scontrol is not on PATH"
+    with pytest.raises(SlurmUnavailable, match=said):
+        make_runner(name)
+    with pytest.raises(SlurmUnavailable, match=said):  # as `probepo check` asks the executor's backend
+        EXECUTORS[name].backend(ExecutionProfile()).check()

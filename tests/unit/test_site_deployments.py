@@ -1,16 +1,18 @@
 """flows/deployments.py, what deploy.sh deploys: a train deployment per recipe preset opening on that
 preset, the site's store, executor and profile in every deployment's parameters (a recipe on `resident`
 where the site's executor cannot run its checkpoint_every), and a site file with a bad field, a bad
-executor or a preset name used twice refused in one line naming it."""
+executor or a preset name used twice refused in one line naming it; staged recipes named after their
+folders, and the example site file usable as the README copies it."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
 import yaml
 
-from flows.deployments import deployments, load_site
+from flows.deployments import deployments, load_site, site_profiles
 from probepo.config import RunConfig
 from probepo.presets import ConfigError, load_run_config
 
@@ -91,3 +93,28 @@ def test_a_bad_site_file_is_refused_naming_the_field(tmp_path, fields, message):
         site, folder = load_site(path)
         deployments(site, folder)
     assert message in str(refused.value) and "\n" not in str(refused.value)
+
+
+def test_staged_recipes_deploy_side_by_side_named_after_their_folders(tmp_path):
+    """`probepo stage` writes every staged recipe as recipe.yaml in a folder of its own."""
+    for folder, updates in (("dsm7b", 3), ("qwen4b", 5)):
+        (tmp_path / "staged" / folder).mkdir(parents=True)
+        (tmp_path / "staged" / folder / "recipe.yaml").write_text(f"num_updates: {updates}\n")
+    site, folder = load_site(_site(tmp_path, recipes=["staged/dsm7b", "staged/qwen4b"]))
+    made = {entry["name"]: entry for entry in deployments(site, folder)["deployments"]}
+    assert "recipe" not in made
+    assert made["dsm7b"]["parameters"]["config"]["num_updates"] == 3
+    assert made["qwen4b"]["parameters"]["config"]["num_updates"] == 5
+    assert made["qwen4b"]["description"] == "the recipe of recipe.yaml (qwen4b/recipe.yaml)"
+
+
+def test_the_example_site_file_copied_to_the_checkouts_root_loads(tmp_path):
+    """README: `cp configs/sites/example.yaml site.yaml`. A checkout's root stands in (its configs/ linked),
+    so that no site.yaml appears in the real checkout, where every command would take it up."""
+    (tmp_path / "configs").symlink_to(CONFIGS)
+    copy = tmp_path / "site.yaml"
+    shutil.copyfile(CONFIGS / "sites" / "example.yaml", copy)
+    site, folder = load_site(copy)
+    assert site.profile == str(CONFIGS / "profiles" / "h200-node.yaml")
+    assert site_profiles(site, folder) == [site.profile, str(CONFIGS / "profiles" / "h200-two-nodes.yaml")]
+    assert (site.executor, site.store) == ("resident", "s3://my-team-bucket/probepo")

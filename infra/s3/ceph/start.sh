@@ -10,7 +10,6 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=common.sh
 source "$HERE/common.sh"
-PYTHON=${PYTHON:-$HERE/../../../.venv/bin/python}
 BUCKET=probepo
 
 all_up() {
@@ -98,6 +97,14 @@ rgw_enable_usage_log = false
 # Deleted objects' data is freed by garbage collection, after 2 hours by default: memory, here.
 rgw_gc_obj_min_wait = 30
 rgw_gc_processor_period = 30
+
+[client.rgw.drill]
+rgw_frontends = beast endpoint=127.0.0.1:$DRILL_RGW_PORT
+ms_mon_client_mode = crc
+rgw_data = $STATE/rgw-drill
+rgw_thread_pool_size = 16
+rgw_dynamic_resharding = false
+rgw_enable_usage_log = false
 CONF
 
 openssl req -x509 -newkey rsa:2048 -nodes -days 30 -subj /CN=127.0.0.1 -addext subjectAltName=IP:127.0.0.1 \
@@ -118,17 +125,9 @@ osd_id=$(ceph_cli osd new "$osd_uuid" 2>>"$LOG/setup.log")
 ceph-osd -c "$CONF" -i "$osd_id" --mkfs --osd-uuid "$osd_uuid" >>"$LOG/setup.log" 2>&1
 ceph-osd -c "$CONF" -i "$osd_id" 9>&-
 
-log "starting the RADOS Gateway"
-radosgw -c "$CONF" -n client.rgw 9>&-
-answers() { "$PYTHON" -c "import urllib.request; urllib.request.urlopen('$ENDPOINT/', timeout=2)" 2>/dev/null; }
-deadline=$((SECONDS + 60))
-until answers; do
-  if ((SECONDS >= deadline)); then
-    log "the RADOS Gateway did not answer on $ENDPOINT within 60 s (logs in $LOG)"
-    exit 1
-  fi
-  sleep 0.2
-done
+log "starting the RADOS Gateways"
+start_gateway client.rgw "$ENDPOINT"
+start_gateway client.rgw.drill "$DRILL_ENDPOINT"
 
 log "creating the S3 user and the bucket $BUCKET"
 access_key=$(head -c 60 /dev/urandom | base64 | tr -dc 'A-Z0-9' | head -c 20)
@@ -151,6 +150,7 @@ PY
   for line in "PROBEPO_TEST_RGW_ENDPOINT=$ENDPOINT" "PROBEPO_TEST_RGW_ACCESS_KEY=$access_key" \
     "PROBEPO_TEST_RGW_SECRET_KEY=$secret_key" "PROBEPO_TEST_RGW_BUCKET=$BUCKET" \
     "PROBEPO_TEST_RGW_HTTPS_ENDPOINT=$TLS_ENDPOINT" "PROBEPO_TEST_RGW_CA_BUNDLE=$STATE/tls.crt" \
+    "PROBEPO_TEST_RGW_DRILL_ENDPOINT=$DRILL_ENDPOINT" \
     "PROBEPO_CEPH_CONF=$CONF"; do
     printf 'export %s=%q\n' "${line%%=*}" "${line#*=}"
   done >"$STATE/env.sh"

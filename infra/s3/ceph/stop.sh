@@ -13,17 +13,7 @@ if [[ ${PROBEPO_CEPH_LOCKED:-0} != 1 ]]; then
   flock 9
 fi
 for ((i = ${#DAEMONS[@]} - 1; i >= 0; i--)); do
-  daemon=${DAEMONS[i]}
-  pid=$(live_pid "$daemon") || continue
-  log "stopping ${daemon%%:*} (pid $pid)"
-  kill "$pid" 2>/dev/null || true
-  deadline=$((SECONDS + 10))
-  while live "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
-  if live "$pid"; then
-    log "${daemon%%:*} did not stop within 10 s: killing it"
-    kill -9 "$pid" 2>/dev/null || true
-    while live "$pid"; do sleep 0.1; done
-  fi
+  stop_daemon "${DAEMONS[i]}"
 done
 rm -f "$STATE/env.sh"
 if [[ ${1:-} == --wipe ]]; then

@@ -1,0 +1,307 @@
+"""What each stage's job holds in memory, from the recipe's model and the profile's resources, before any
+allocation: `probepo check` weighs every stage that loads a model against its job's host memory (`mem_gb`,
+per node) and GPUs (`gpu_memory_gb`), and refuses one that cannot fit.
+
+Per rank, P parameters of w bytes, W trainer ranks:
+- a generation engine holds the weights, P·w, on its GPU (vLLM within model.vllm_memory of it, the rest
+  its KV cache);
+- a DeepSpeed trainer peaks at its initialisation (the weights as moved to its device, the fp32 masters and
+  the fp32 gradient partition DeepSpeed allocates there) and, where it trains, at its first optimizer step
+  (AdamW's moments are created then): DeepSpeed 0.19.8's allocations, cited at `_deepspeed_peaks`;
+- the Hugging Face trainer holds everything on one device.
+On the host, a trainer's weights are loaded before they move to the GPU (engines/build.py, stages/
+checkpoint.py), and a training rank's optimizer shard passes through host memory when loaded and saved;
+a job without GPUs holds everything on the host. Activations, the CUDA context and each process's own
+memory are not counted: a fit is necessary, not sufficient. Sizes are the spend model's (PolicySizes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from probepo.config import RunConfig, StageResources
+from probepo.preflight import Findings
+from probepo.schedule import Stage
+from probepo.spend_model import GB, PolicySizes
+
+FP32 = 4
+"""Bytes of a float32: DeepSpeed's master weights and gradient partitions are float32 whatever the
+model's dtype."""
+
+TrainerUse = Literal["fresh", "weights", "training"]
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """The engines a stage's job builds on each rank that runs it."""
+
+    trainer: TrainerUse | None = None
+    """fresh: built on the pretrained weights and saved, never stepped (checkpoint 0); weights: on a
+    policy's weights alone, for forward passes (score); training: with its optimizer state (optimize)."""
+    generator: bool = False
+    every_rank: bool = True
+    """Every rank of its job runs it (schedule.EVERY_RANK, and the resident driver); else rank 0 alone."""
+
+
+STAGE_LOADS: dict[Stage, StageLoad] = {
+    Stage.CHECKPOINT: StageLoad(trainer="fresh", every_rank=False),
+    Stage.SCORE: StageLoad(trainer="weights"),
+    Stage.OPTIMIZE: StageLoad(trainer="training"),
+    Stage.SAMPLE: StageLoad(generator=True),
+    Stage.PROBE: StageLoad(generator=True),
+    Stage.EVALUATE: StageLoad(generator=True),
+    Stage.EVAL_TASK: StageLoad(generator=True),
+    # every engine in one job: the trainer (checkpoint 0's on the job's ranks, then the training one) and a
+    # generator beside it on each GPU
+    Stage.DRIVER: StageLoad(trainer="training", generator=True),
+}
+"""The stages whose jobs load a Hugging Face policy (select and advantage load none; a warm-up is the
+testbed's)."""
+
+Peaks = dict[str, dict[str, float]]
+"""Bytes on a rank's device by part, at each moment the trainer peaks (named as a line prints it)."""
+
+
+def trainer_peaks(config: RunConfig, parameters: int, ranks: int, use: TrainerUse, on_gpu: bool) -> Peaks:
+    """The trainer's bytes on each rank's device (its GPU, `on_gpu`; else the host) at its peaks."""
+    model = config.model
+    sizes = PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer)
+    weights = float(sizes.weights)
+    # torch's AdamW takes the sqrt of its second moment into a temporary: one on CUDA (its foreach path,
+    # torch/optim/adam.py 762), two on the CPU (its single-tensor path, adam.py 544: sqrt, then a division)
+    temporaries = 1 if on_gpu else 2
+    if model.trainer == "deepspeed":
+        return _deepspeed_peaks(
+            model.zero_stage, weights, parameters, sizes.optimizer, ranks, use, temporaries
+        )
+    peaks = {"as built": {"weights": weights}}
+    if use == "training":  # torch's AdamW on one device, its moments in the weights' dtype (PolicySizes)
+        peaks["at the first optimizer step"] = {
+            "weights": weights,
+            "gradients": weights,
+            "AdamW moments": float(sizes.optimizer),
+            "AdamW's step temporaries": weights * temporaries,
+        }
+    return peaks
+
+
+def _deepspeed_peaks(
+    zero_stage: int,
+    weights: float,
+    parameters: int,
+    optimizer: int,
+    ranks: int,
+    use: TrainerUse,
+    temporaries: int,
+) -> Peaks:
+    """DeepSpeed 0.19.8 (.venv/lib/python3.11/site-packages/deepspeed/runtime/), one rank of W, with torch's
+    AdamW as its client optimizer (engines/deepspeed_engine.py):
+    - engine.py 2093-2094: the module moves to the device whole (no zero.Init: the model is loaded on the
+      host, engines/build.py).
+    - ZeRO-2, zero/stage_1_and_2.py: 438-524 flattens the weights into one buffer (a second copy for a
+      moment, on the device where it has room, else on the host: not counted); 569-577 clones this rank's
+      partition as fp32 masters; 934-946 allocates an fp32 gradient partition at init, then frees it; 2192
+      keeps a gradient partition in the weights' dtype from the first backward; 3118-3126 makes it fp32 for
+      the step, where AdamW creates its two fp32 moments (torch/optim/adam.py 178-182) and takes its
+      `temporaries` of the partition. A backward pass holds DeepSpeed's reduce bucket instead (5e8 elements
+      of the weights' dtype, zero/config.py 113; stage_1_and_2.py 3266, released at 1061): 1 GB in bf16,
+      less than the step's fp32 gradients and temporary at 7B on 8 ranks; not counted.
+    - ZeRO-3, zero/stage3.py: each rank keeps 1/W of the weights once they are partitioned; 1081-1172 fp32
+      masters; 791 a gradient partition in the accumulation dtype, the model's by default (engine.py
+      1806-1807); 1306-1368 the fp32 gradient buffer of init, freed again; the step as ZeRO-2's.
+    `optimizer` is the masters and moments of every rank (spend_model.DEEPSPEED_OPTIMIZER_BYTES a
+    parameter). Measured here on the CPU (RSS of one rank building and stepping a 220 M-parameter Llama, by
+    /proc/self/statm): the first step's rise over the built trainer was these parts within 1 % in bf16, and
+    0-16 % below them in fp32 (the allocator reusing freed heap); the bf16 init rose ~0.7 × the weights
+    above them: heap of the per-parameter tensors freed by the flattening, which the allocator keeps (no live
+    tensor holds it)."""
+    fp32_partition = parameters * FP32 / ranks
+    held = {"weights": weights} if zero_stage == 2 else {"weight partition": weights / ranks}
+    held["fp32 masters"] = fp32_partition
+    peaks: Peaks = {}
+    if zero_stage == 3:
+        peaks["when moved to the device, before partitioning"] = {"weights": weights}
+        held["gradient partition"] = weights / ranks
+    peaks["at DeepSpeed's init"] = {**held, "fp32 gradient partition": fp32_partition}
+    if use == "training":
+        peaks["at the first optimizer step"] = {
+            **held,
+            "gradient partition": weights / ranks,
+            "fp32 gradients": fp32_partition,
+            "AdamW moments": optimizer / ranks - fp32_partition,
+            "AdamW's step temporaries": fp32_partition * temporaries,
+        }
+    return peaks
+
+
+def host_bytes(
+    config: RunConfig, parameters: int, load: StageLoad, trainer_ranks: int, on_gpu: bool
+) -> Peaks:
+    """What one rank of the job holds on its node's host at its peak, by part (one peak, named)."""
+    model = config.model
+    sizes = PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer)
+    weights = float(sizes.weights)
+    if not on_gpu:  # the trainer's device is the host, and a generator's weights are there beside it
+        when, parts = "as loaded", {}
+        if load.trainer is not None:
+            when, parts = _highest(trainer_peaks(config, parameters, trainer_ranks, load.trainer, False))
+        if load.generator:
+            parts = {**parts, "generator's weights": weights}
+        return {f"{when}, without a GPU": parts}
+    shard = sizes.optimizer / trainer_ranks
+    if load.trainer == "training" and shard > weights:
+        return {"as it loads and saves its optimizer shard": {"optimizer shard": shard}}
+    return {"as loaded, before they move to the GPU": {"weights": weights}}
+
+
+def stage_memory_findings(
+    config: RunConfig, parameters: int, stage: Stage, resources: StageResources, entry: str
+) -> Findings:
+    """The memory of `stage`'s job (`resources`, from the profile's `entry`: `stages.<stage>` or
+    `defaults`) for a model of `parameters`: a line for its GPUs (where it has any) and one for its host
+    memory, each a failure where it cannot fit, naming what to change. The resident driver's trainer
+    shares each GPU with vLLM (model.vllm_memory of it)."""
+    load = STAGE_LOADS[stage]
+    per_node = resources.tasks_per_node if load.every_rank else 1
+    world = resources.nodes * per_node
+    trainer_ranks = world if config.model.trainer == "deepspeed" else 1
+    on_gpu = bool(resources.gpus_per_node or resources.gpus_per_task)
+    found = Findings()
+    if on_gpu:
+        found.extend(_gpu_findings(config, parameters, stage, load, world, resources.gpu_memory_gb, entry))
+    when, parts = _highest(host_bytes(config, parameters, load, trainer_ranks, on_gpu))
+    rank_gb = sum(parts.values()) / GB
+    node_gb = rank_gb * per_node
+    text = (
+        f"memory of {stage}: about {node_gb:.1f} GB of host memory per node ({per_node} rank(s) ×"
+        f" {rank_gb:.1f} GB {when}: {_detail(parts)})"
+    )
+    if resources.mem_gb is None:
+        return found.extend(
+            Findings(passed=[f"{text}; {entry} sets no mem_gb (the partition's default): not compared"])
+        )
+    if node_gb <= resources.mem_gb:
+        return found.extend(Findings(passed=[f"{text}: within the mem_gb {resources.mem_gb:g} of {entry}"]))
+    options = [
+        f"give {stage} mem_gb ≥ {math.ceil(node_gb)} and room for the processes' own (a"
+        f" `stages.{stage}` entry of the profile)"
+    ]
+    if per_node > 1:
+        options.append("fewer tasks_per_node")
+    if load.trainer is not None and not on_gpu:
+        options.append(f"a GPU for its trainer (gpus_per_node: 1 and gpu_memory_gb in `stages.{stage}`)")
+    problem = f"{text}: MORE than the mem_gb {resources.mem_gb:g} of {entry}; {_listed(options)}"
+    return found.extend(Findings(failures=[problem]))
+
+
+def _gpu_findings(
+    config: RunConfig,
+    parameters: int,
+    stage: Stage,
+    load: StageLoad,
+    world: int,
+    gpu_gb: float | None,
+    entry: str,
+) -> Findings:
+    """A line for the trainer's part of each GPU and one for the generator's (vLLM's share, or a Hugging Face
+    generator with no trainer beside it; one beside the trainer is counted in the trainer's line)."""
+    model = config.model
+    weights = float(PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer).weights)
+    vllm = load.generator and model.generator == "vllm"
+    found = Findings()
+    if load.trainer is not None:
+        trainer_ranks = world if model.trainer == "deepspeed" else 1
+        peaks = trainer_peaks(config, parameters, trainer_ranks, load.trainer, True)
+        if load.generator and not vllm:  # the Hugging Face generator's own copy beside the trainer
+            peaks = {when: {**parts, "generator's weights": weights} for when, parts in peaks.items()}
+        found.extend(_trainer_gpu(config, parameters, stage, load, world, peaks, gpu_gb, entry))
+    if vllm or (load.generator and load.trainer is None):
+        share = model.vllm_memory if vllm else 1.0
+        engine = f"vLLM (model.vllm_memory {share:.0%} of each GPU)" if vllm else "the Hugging Face generator"
+        text = (
+            f"memory of {stage}: {engine} holds the weights, {weights / GB:.1f} GB, on each of {world} GPU(s)"
+        )
+        room = f"the {gpu_gb * share:.1f} GB it is given of each {gpu_gb:g} GB GPU" if gpu_gb else ""
+        cache = f", {gpu_gb * share - weights / GB:.1f} GB of it for its KV cache" if gpu_gb and vllm else ""
+        fix = "use GPUs with more memory: an engine is not split over GPUs"
+        if vllm and gpu_gb and weights / GB < gpu_gb:
+            needed = weights / GB / gpu_gb
+            fix = (
+                f"raise model.vllm_memory above {needed:.0%} (its KV cache needs room beyond them), or {fix}"
+            )
+        found.extend(_gpu_verdict(text, weights / GB, gpu_gb, share, room, fix, cache))
+    return found
+
+
+def _trainer_gpu(
+    config: RunConfig,
+    parameters: int,
+    stage: Stage,
+    load: StageLoad,
+    world: int,
+    peaks: Peaks,
+    gpu_gb: float | None,
+    entry: str,
+) -> Findings:
+    """The trainer's line: the training trainer's as `probepo check` has always printed it (`memory: …`)."""
+    model = config.model
+    deepspeed = model.trainer == "deepspeed"
+    when, parts = _highest(peaks)
+    need = sum(parts.values()) / GB
+    sharding = f"ZeRO-{model.zero_stage}" if deepspeed else "the hf trainer"
+    if load.trainer == "training":  # the line `probepo check` has always printed
+        text = f"memory: {parameters / 1e9:.2f} B parameters train on {world} GPU(s) with {sharding}"
+    else:
+        role = "builds checkpoint 0" if load.trainer == "fresh" else "scores"
+        text = (
+            f"memory of {stage}: the trainer ({sharding}) {role} with the {parameters / 1e9:.2f} B parameters"
+            f" on {world} GPU(s)"
+        )
+    text += f": about {need:.1f} GB per GPU {when} ({_detail(parts)}) before activations"
+    shared = stage == Stage.DRIVER and model.generator == "vllm"
+    share = 1 - model.vllm_memory if shared else 1.0
+    vllm = f" after vLLM's {model.vllm_memory:.0%} (model.vllm_memory)" if shared else ""
+    room = f"the {gpu_gb * share:.1f} GB of each {gpu_gb:g} GB GPU{vllm}" if gpu_gb else ""
+    if not load.every_rank:  # one rank alone: neither ranks nor ZeRO-3 shard it
+        fix = f"give {stage} GPUs with more memory, or none and mem_gb ≥ {math.ceil(need)} (`stages.{stage}`)"
+        return _gpu_verdict(text, need, gpu_gb, share, room, fix)
+    options = []
+    if not deepspeed:
+        options.append("shard further (model.zero_stage: 3) under model.trainer: deepspeed")
+    elif model.zero_stage == 2:
+        options.append("shard further (model.zero_stage: 3)")
+    if deepspeed:
+        options.append(f"add ranks (nodes × tasks_per_node of {entry})")
+    if shared:
+        options.append("lower model.vllm_memory")
+    return _gpu_verdict(text, need, gpu_gb, share, room, _listed(options))
+
+
+def _gpu_verdict(
+    text: str, need: float, gpu_gb: float | None, share: float, room: str, fix: str, spare: str = ""
+) -> Findings:
+    """`need` GB per GPU against `share` of the GPU's `gpu_gb` (`room` in words; `spare`: what a fit leaves
+    over, in words): within it, more (with `fix`), or no figure to compare with."""
+    if gpu_gb is None:
+        return Findings(warnings=[f"{text}; give the profile's gpu_memory_gb to compare it with the GPUs"])
+    if need <= gpu_gb * share:
+        return Findings(passed=[f"{text}: leaving {room}{spare}"])
+    return Findings(failures=[f"{text}: MORE than {room}; {fix}"])
+
+
+def _highest(peaks: Peaks) -> tuple[str, dict[str, float]]:
+    """The moment whose parts weigh most, with its parts."""
+    return max(peaks.items(), key=lambda peak: sum(peak[1].values()))
+
+
+def _detail(parts: dict[str, float]) -> str:
+    return ", ".join(f"{name} {value / GB:.1f}" for name, value in parts.items())
+
+
+def _listed(options: list[str]) -> str:
+    """`a`, `a or b`, `a, b, or c`."""
+    if len(options) < 3:
+        return " or ".join(options)
+    return f"{', '.join(options[:-1])}, or {options[-1]}"
