@@ -187,13 +187,13 @@ class SamplingConfig(_Strict):
     shards: int | None = Field(None, ge=1)
     """Engine calls each generating step's chunks are dealt into (sorted by length, back and forth: each call
     a spread of lengths), each call one shard of sample or probe (an evaluation's calls are cut further into
-    shards that finish within a stop's grace: probepo/stages/shards.py `calls_within`): the unit the ranks
-    of a job share out, and the safe point at which a preempted stage stops and resumes. vLLM batches all the rows of a
-    call together, so set it to the ranks a recipe is run on (8 on an 8-GPU node, with batch_rows small
-    enough for 8 chunks of the smallest step): every rank then decodes one large call per step
-    (bench/ranks.py: more, smaller calls balance the ranks better but lengthen the stage, each call ending
-    on a tail of few rows). Part of the recipe, never the ranks': on 4 ranks each decodes 2 calls, the same
-    bits. None: one call (and shard) per chunk, claimed by the ranks in turn."""
+    shards that finish within a stop's grace: probepo/stages/shards.py `calls_within`): the unit the ranks of
+    a job share out, and the safe point at which a preempted stage stops and resumes. vLLM batches all the
+    rows of a call together, so set it to the ranks a recipe is run on (8 on an 8-GPU node, with batch_rows
+    small enough for 8 chunks of the smallest step): every rank then decodes one large call per step
+    (bench/ranks.py: more, smaller calls balance the ranks better but lengthen the stage, each call ending on
+    a tail of few rows). Part of the recipe, never the ranks': on 4 ranks each decodes 2 calls, the same bits.
+    None: one call (and shard) per chunk, claimed by the ranks in turn."""
 
 
 class OptimConfig(_Strict):
