@@ -38,9 +38,9 @@ SHARED_SERVICES = (
 )
 """The tests that drive the one SLURM cluster and Prefect server: some take the node down, stop jobs or
 preempt, so they run in one worker, one after another."""
-OWN_CLUSTER = ("tests/slurm/test_qos_preemption.py",)
-"""Tests under SHARED_SERVICES' folders that drive a cluster of their own (the QOS controller): a unit of
-their own, beside the shared services."""
+OWN_SERVICES = ("tests/slurm/test_qos_preemption.py", "tests/slurm/test_store_outage_local.py")
+"""Tests under SHARED_SERVICES' folders that use none of them (the QOS controller's drills, a local
+executor's): a unit each, beside the shared services."""
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -53,7 +53,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     class SharedServicesInOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            shared = path.startswith(SHARED_SERVICES) and not path.startswith(OWN_CLUSTER)
+            shared = path.startswith(SHARED_SERVICES) and not path.startswith(OWN_SERVICES)
             return "shared services" if shared else path
 
     return SharedServicesInOneWorker(config, log)

@@ -7,8 +7,7 @@ uninterrupted run, nothing submitted again, the wait counted as `store_wait`;
 (c) an outage longer than the profile's `store_outage_s` while the resident job commits: the job gives up
 (exit STORE_UNREACHABLE_EXIT), the driver waiting for it says the store is unreachable and submits it again
 once the gateway answers (a death of the store's, named so), and the run resumes by itself, bitwise equal;
-(d) the same give-up and resubmission of a stage job with the local executor, moto behind a link the test
-cuts (tests/store/cuttable_link.py): the one case that needs neither the cluster nor Ceph.
+(d), the same give-up with the local executor, is tests/slurm/test_store_outage_local.py.
 
 The outages are short for the suite (15 s; 20 s against an 8 s deadline). A longer one only waits longer:
 a job rides out up to `store_outage_s` (10 minutes by default), the waiting driver any length; past the
@@ -20,7 +19,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -30,20 +28,15 @@ import boto3
 import pytest
 import yaml
 
-from probepo.config import ExecutionProfile, StageResources
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
-from probepo.pipeline import ensure_warmup, train
+from probepo.pipeline import ensure_warmup
 from probepo.store import ArtifactStore, open_store
-from probepo.store.outage import RIDER, OutageBudget
 from probepo.store.s3 import _session as store_sessions
-from slurm import make_runner
 from slurm.job_ends import STORE_CAUSE
 from slurm.logs import log_path
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
-from tests.s3server import TEST_CREDENTIALS, S3Server, isolated_aws_env
+from tests.s3server import S3Server, isolated_aws_env
 from tests.slurm.conftest import ROOT, drill_config
 from tests.slurm.drill import Drill
-from tests.store.cuttable_link import CuttableLink
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -201,60 +194,3 @@ def test_an_outage_past_store_outage_s_resubmits_the_resident_job_once_the_store
     # the second job took over the lease of the first (accounting shows it ended) and rebuilt by replaying
     # the policy that lived only in the first one's memory
     assert any(a.get("replayed_updates") for a in rgw_store.attempts(drill.run_id))
-
-
-def test_a_stage_job_that_gave_up_on_the_store_is_submitted_again_by_the_local_executor(
-    s3_warm_store, drill_baseline, tmp_path, monkeypatch
-):
-    credentials = tmp_path / "aws-credentials"  # how a job reaches S3: keys never travel in its environment
-    credentials.write_text(
-        f"[default]\naws_access_key_id = {TEST_CREDENTIALS['AWS_ACCESS_KEY_ID']}\n"
-        f"aws_secret_access_key = {TEST_CREDENTIALS['AWS_SECRET_ACCESS_KEY']}\n"
-    )
-    link = CuttableLink(os.environ["AWS_ENDPOINT_URL_S3"])
-    mark, release = tmp_path / "paused", tmp_path / "release"
-    for variable, value in {
-        "AWS_ENDPOINT_URL_S3": link.endpoint_url,  # the driver and its jobs reach moto through the link
-        "AWS_SHARED_CREDENTIALS_FILE": str(credentials),
-        PAUSE_ENV: STAGE_PAUSE,
-        PAUSE_MARK_ENV: str(mark),
-        PAUSE_RELEASE_ENV: str(release),
-    }.items():
-        monkeypatch.setenv(variable, value)
-    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
-    store_sessions.cache_clear()
-    profile = ExecutionProfile(
-        job_folder=str(tmp_path / "jobs"),
-        poll_s=0.2,
-        poll_max_s=0.2,
-        store_outage_s=3,
-        defaults=StageResources(time_min=15, signal_grace_s=30),
-    )
-
-    def cut_when_paused() -> None:
-        deadline = time.monotonic() + 300
-        while not mark.exists() and time.monotonic() < deadline:
-            time.sleep(0.1)
-        link.down()
-        release.touch()
-        time.sleep(LONG_OUTAGE_S / 2)  # past the job's 3 s: it gives up
-        link.up()
-
-    cutter = threading.Thread(target=cut_when_paused, daemon=True)
-    cutter.start()
-    store = open_store(s3_warm_store.url)
-    try:
-        with RIDER.configured(OutageBudget(profile.store_outage_s)):  # as `probepo train` does
-            train(drill_config(), "outage-local", store=store, runner=make_runner("local", profile))
-    finally:
-        cutter.join(timeout=60)
-        link.down()
-        store_sessions.cache_clear()
-
-    final = s3_warm_store.read_stage("outage-local", 1, "checkpoint")  # moto itself, not the link
-    assert {name: final[name] for name in FINAL_FILES} == drill_baseline
-    first, second = s3_warm_store.jobs("outage-local", 0, "sample")
-    assert (first["outcome"], second["outcome"]) == ("died", "committed")
-    # submitit's local controller exits 0 whatever its task did: the death's cause is not told apart here
-    gave_up = log_path(first, stream="err").read_text()  # type: ignore[union-attr]
-    assert "cannot connect" in gave_up and "past store_outage_s" in gave_up
