@@ -260,7 +260,7 @@ class SlurmBackend:
         by_resources: dict[str, tuple[list[str], StageResources]] = {}
         for stage in stages:  # each set of resources once, named by where the profile sets it
             resources = self.profile.resources(stage)
-            where = f"stages.{stage}" if stage in self.profile.stages else "defaults"
+            where = self.profile.entry(stage)
             named = by_resources.setdefault(resources.model_dump_json(), ([], resources))[0]
             named += [] if where in named else [where]
         findings = Findings()

@@ -219,10 +219,7 @@ def site_way_findings(profile: ExecutionProfile, stages: Iterable[str]) -> Findi
     is a shell function the batch script (a non-login shell, the environment cut to the allow-list) does
     not have: a `module` setup line needs the site's Lmod init sourced before it."""
     found = Findings()
-    for where, resources in {
-        (f"stages.{stage}" if stage in profile.stages else "defaults"): profile.resources(stage)
-        for stage in stages
-    }.items():
+    for where, resources in {profile.entry(stage): profile.resources(stage) for stage in stages}.items():
         if profile.python is None and any(arg.startswith("--container-image") for arg in resources.srun_args):
             found.warnings.append(
                 f"{where}: srun_args start the ranks in a container image, and the profile's python is"

@@ -26,16 +26,6 @@ def model_jobs(config: RunConfig, executor: Executor) -> list[Stage]:
     return [stage for stage in stages if stage in STAGE_LOADS and (stage != Stage.PROBE or probes)]
 
 
-def profile_entry(profile: ExecutionProfile, stage: Stage) -> str:
-    """The entry of the profile a stage's resources come from, as a fix names it (an evaluation task not
-    listed takes the evaluate stage's, on one GPU)."""
-    if stage in profile.stages:
-        return f"stages.{stage}"
-    if stage == Stage.EVAL_TASK and Stage.EVALUATE in profile.stages:
-        return f"stages.{Stage.EVALUATE}"
-    return "defaults"
-
-
 def memory_findings(
     config: RunConfig, profile: ExecutionProfile, executor: Executor, parameters: int
 ) -> Findings:
@@ -43,9 +33,7 @@ def memory_findings(
     found = Findings()
     for stage in model_jobs(config, executor):
         resources = profile.resources(stage)
-        found.extend(
-            stage_memory_findings(config, parameters, stage, resources, profile_entry(profile, stage))
-        )
+        found.extend(stage_memory_findings(config, parameters, stage, resources, profile.entry(stage)))
     return found
 
 
@@ -69,7 +57,7 @@ def evaluation_shard_findings(config: RunConfig, profile: ExecutionProfile, exec
         f" H200: probepo/stages/evaluate.py); an evaluation array task abandons the one in flight at a stop,"
         f" ~{shard.seconds:.0f} s made again"
     )
-    where = f"{stage}'s signal_grace_s {grace} ({profile_entry(profile, stage)})"
+    where = f"{stage}'s signal_grace_s {grace} ({profile.entry(stage)})"
     if row_s > grace:
         return Findings(
             warnings=[

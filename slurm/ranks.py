@@ -113,11 +113,7 @@ def generation_rank_findings(config: RunConfig, profile: ExecutionProfile, stage
     configs/ that is this recipe with them, where there is one."""
     from probepo.stages.shards import calls_for_every_rank, sample_step_calls
 
-    ranks = {
-        f"stages.{stage}" if stage in profile.stages else "defaults": _job_ranks(profile, stage)
-        for stage in GENERATING_JOBS
-        if stage in stages
-    }
+    ranks = {profile.entry(stage): _job_ranks(profile, stage) for stage in GENERATING_JOBS if stage in stages}
     if max(ranks.values(), default=1) == 1:
         return Findings()
     sampling, calls = config.sampling, sample_step_calls(config)

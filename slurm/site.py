@@ -167,14 +167,9 @@ def _associations(
     qos = {}
     for row in table.splitlines():
         name, grace, mode, preempts = row.split("|")[:4]
-        if name:
-            grace_min = minutes(grace) if grace else 0.0
-            qos[name] = Qos(
-                name,
-                round((grace_min or 0.0) * 60),
-                mode or "cluster",
-                frozenset(filter(None, preempts.split(","))),
-            )
+        if name:  # GraceTime as sacctmgr prints it, HH:MM:SS
+            grace_s = round((minutes(grace or "0") or 0.0) * 60)
+            qos[name] = Qos(name, grace_s, mode or "cluster", frozenset(filter(None, preempts.split(","))))
     defaults = _run(["sacctmgr", "-nP", "show", "user", user, "format=defaultaccount"]).split()
     return accounts, qos, default_qos, defaults[0] if defaults else None
 
@@ -294,15 +289,10 @@ def preemption_of(site: Site, resources: StageResources) -> Preemption | None:
         if site.qos is None or name is None:
             return Preemption(f"QOS {name or '(unknown: accounting did not answer)'}", 0)
         qos = site.qos.get(name)
-        mode = (
-            site.config.get("PreemptMode", "OFF")
-            if qos is None or qos.preempt_mode == "cluster"
-            else qos.preempt_mode
-        )
-        preemptors = [other for other in site.qos.values() if name in other.preempts]
-        if qos is None or not preemptors or mode.upper().startswith("OFF"):
+        if qos is None or not any(name in other.preempts for other in site.qos.values()):
             return None
-        return Preemption(f"QOS {name}", qos.grace_s)
+        mode = site.config.get("PreemptMode", "OFF") if qos.preempt_mode == "cluster" else qos.preempt_mode
+        return None if mode.upper().startswith("OFF") else Preemption(f"QOS {name}", qos.grace_s)
     if preempt_type == "preempt/none":
         return None
     name = resources.partition or site.default_partition or ""

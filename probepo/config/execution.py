@@ -346,6 +346,15 @@ class ExecutionProfile(Strict):
         setup = (*self.defaults.setup, *given.get("setup", ()))
         return StageResources.model_validate({**self.defaults.model_dump(), **given, "setup": setup})
 
+    def entry(self, stage: str) -> str:
+        """The entry of the profile `resources(stage)` comes from, as a message names it: `stages.<stage>`,
+        `stages.evaluate` for an evaluation task not listed, else `defaults`."""
+        if stage in self.stages:
+            return f"stages.{stage}"
+        if stage == Stage.EVAL_TASK and Stage.EVALUATE in self.stages:
+            return f"stages.{Stage.EVALUATE}"
+        return "defaults"
+
     def exported(self, environ: dict[str, str]) -> dict[str, str]:
         """The variables of `environ` a job receives: the allowed names and patterns, credentials never."""
         return {
