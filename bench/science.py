@@ -44,7 +44,7 @@ differences (2.2 points) this has about 80 % power for +1.2. It is reported what
 Also re-measured on the fixed engine, 10 seeds (0-9) each, as the confirmatory comparisons of the earlier
 plan: ProbePO − GRPO at update 80 on `modchain` and on `pointer`, with GRPO run to 4× the updates for the
 equal-token comparison; VinePPO-dense (5 seeds) and GRPO with 4× the responses per prompt (modchain, 5
-seeds), which the README quotes.
+seeds), which docs/RESULTS.md quotes.
 
 Added after those runs (issue 16): SPO-tree and TreePO at their presets' trees, 10 seeds (0-9) each on
 `modchain` and `pointer`, paired with GRPO's and ProbePO's seeds, compared with GRPO at equal updates and

@@ -1,4 +1,5 @@
-"""The science bench's outputs: plots, the tables of docs/BENCHMARKS.md, bench/results/science.json."""
+"""The science bench's outputs: plots, bench/results/science.json, and the tables of docs/BENCHMARKS.md
+(the site renders them from that file)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from benchlib import machine
-from science_plan import GRPO_HORIZON, PLAN, PRIMARY, ROOT, Testbed
+from science_plan import GRPO_HORIZON, PLAN, PRIMARY, Testbed
 from science_report import RESULTS, ArmResult, mean_curve
 
 from probepo.stats import mean_and_stderr
@@ -219,7 +220,8 @@ def _seed_list(seeds: list[int]) -> str:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """The tables of docs/BENCHMARKS.md's science section."""
+    """The tables of docs/BENCHMARKS.md's science section, which the site renders from the results file
+    when it is built (docs/_ext/probepo_reference.py)."""
     lines = []
     for testbed, entry in results.items():
         if not entry["arms"]:
@@ -260,9 +262,3 @@ def write_outputs(results: dict[str, Any], wall_s: float | None, command: str) -
         "command": command,
     }
     RESULTS.write_text(json.dumps(payload, indent=2, ensure_ascii=False) + "\n")
-    docs = ROOT / "docs" / "BENCHMARKS.md"
-    text = docs.read_text()
-    begin, end = "<!-- science:begin (written by bench/science.py) -->", "<!-- science:end -->"
-    block = f"{begin}\n{markdown(results)}\n{end}"
-    head, rest = text.split(begin, 1)
-    docs.write_text(head + block + rest.split(end, 1)[1])

@@ -5,7 +5,6 @@ and the artifacts page find them whichever flow run made them."""
 from __future__ import annotations
 
 import json
-import math
 import re
 from typing import Any
 
@@ -19,12 +18,18 @@ from prefect.artifacts import (
 from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.states import Failed, State
 
-from probepo import spend
 from probepo.config import RunConfig
 from probepo.costs import RunCosts
 from probepo.pipeline import resume_point
 from probepo.report import load_curves, markdown
-from probepo.report_live import curves_markdown, metric_columns, rows_by_update, updates_done
+from probepo.report_live import (
+    curves_markdown,
+    lead_row,
+    rows_by_update,
+    significant,
+    stage_table,
+    updates_done,
+)
 from probepo.schedule import Stage
 from probepo.store import ArtifactStore
 from probepo.store.outage import RIDER
@@ -52,11 +57,12 @@ def refused(what: str, problems: list[str]) -> State:
 
 class Published:
     """What a run's page shows while it trains: its progress (a percent to one decimal, which its card's
-    description repeats with the updates done of the total), its metrics table (one row per update,
-    `update` first, the columns grouped by stage) and its curves (a markdown chart of held-out accuracy and
-    reward by update). A ProgressFn of the driver (also fed from the store while a resident job runs): each
-    stage's summary joins its update's row as it commits, and the three are updated in place when an
-    update's optimizer step commits, so the table holds that update already. Each is one artifact per flow
+    description repeats with the updates done of the total), its metrics (the lead table: a row per update
+    with the numbers a user scans, `<run id>-metrics`; and every metric by stage, `<run id>-metrics-by-stage`,
+    both rounded: probepo/report_live.py) and its curves (held-out accuracy and reward over the whole run,
+    charted in markdown). A ProgressFn of the driver (also fed from the store while a resident job runs):
+    each stage's summary joins its update's row as it commits, and all four are updated in place when an
+    update's optimizer step commits, so the tables hold that update already. Each is one artifact per flow
     run, not a new version per update: a run's key gains one version per flow run that drives it (its start
     and each resume). Where the store stays unreachable, they show what was seen, and say so."""
 
@@ -68,8 +74,14 @@ class Published:
         self.progress = create_progress_artifact(
             percent, key=artifact_key(run_id, "progress"), description=said
         )
+        by_stage = artifact_key(run_id, "metrics-by-stage")
         self.table = create_table_artifact(
-            self._table(), key=artifact_key(run_id, "metrics"), description=f"run {run_id}: per update"
+            self._lead(),
+            key=artifact_key(run_id, "metrics"),
+            description=f"run {run_id}: per update (every metric by stage: {by_stage})",
+        )
+        self.stage_table = create_table_artifact(
+            self._by_stage(), key=by_stage, description=f"run {run_id}: every metric per update, by stage"
         )
         self.curves = create_markdown_artifact(
             self._curves(),
@@ -86,7 +98,7 @@ class Published:
             self._publish()
 
     def metrics(self) -> None:
-        """Progress, table and curves of every update the store holds (at the end: the final evaluation
+        """Progress, tables and curves of every update the store holds (at the end: the final evaluation
         too), in place."""
         self._reread("reading the run's final metrics")
         self._publish()
@@ -101,7 +113,8 @@ class Published:
         percent, said = self._progress()
         update_progress_artifact(self.progress, percent, description=said)
         with get_client(sync_client=True) as client:
-            client.update_artifact(self.table, ArtifactUpdate(data=json.dumps(_sanitized(self._table()))))
+            client.update_artifact(self.table, ArtifactUpdate(data=json.dumps(self._lead())))
+            client.update_artifact(self.stage_table, ArtifactUpdate(data=json.dumps(self._by_stage())))
             client.update_artifact(self.curves, ArtifactUpdate(data=self._curves()))
 
     def _progress(self) -> tuple[float, str]:
@@ -114,20 +127,11 @@ class Published:
     def _curves(self) -> str:
         return curves_markdown(self.run_id, list(self.rows.values()), self.num_updates)
 
-    def _table(self) -> list[dict[str, Any]]:
-        """Every update's metrics (the spend counters, ~40 columns, left to TensorBoard and `probepo
-        report`), `update` first, grouped by stage."""
-        rows = self.rows.values()
-        keys = {key for row in rows for key in row if "/" in key and not spend.is_spend_metric(key)}
-        columns = metric_columns(keys)
-        return [{key: row.get(key) for key in columns} for row in rows]
+    def _lead(self) -> list[dict[str, Any]]:
+        return [lead_row(row) for row in self.rows.values()]
 
-
-def _sanitized(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """A table as Prefect stores one: NaN as null (JSON has no NaN)."""
-    return [
-        {key: None if isinstance(v, float) and math.isnan(v) else v for key, v in row.items()} for row in rows
-    ]
+    def _by_stage(self) -> list[dict[str, Any]]:
+        return stage_table(self.rows.values())
 
 
 def show_resume_point(store: ArtifactStore, run_id: str, config: RunConfig) -> None:
@@ -154,9 +158,9 @@ def publish_costs(store: ArtifactStore, run_id: str) -> RunCosts:
     table = [
         {
             "stage": cost.stage,
-            "GPU-hours": None if costs.wall_time_only else round(cost.gpu_hours, 4),
-            "CPU-hours": None if costs.wall_time_only else round(cost.cpu_hours, 4),
-            "wall (s)": round(cost.wall_s, 1),
+            "GPU-hours": None if costs.wall_time_only else significant(cost.gpu_hours),
+            "CPU-hours": None if costs.wall_time_only else significant(cost.cpu_hours),
+            "wall (s)": significant(cost.wall_s),
         }
         for cost in stage_totals(costs)
     ]

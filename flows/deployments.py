@@ -14,6 +14,8 @@ field, and Quick run launches the preset as it stands. A preset added is deploye
 from __future__ import annotations
 
 import copy
+import itertools
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
@@ -62,14 +64,12 @@ class Preset:
 
     @property
     def description(self) -> str:
-        """The first sentence of its leading comment, and where it is."""
-        words = ""
-        for line in self.path.read_text().splitlines():
-            if not line.startswith("#") or words.endswith((".", ":")):
-                break
-            words = f"{words} {line.lstrip('# ').rstrip()}".strip()
-        where = self.path.relative_to(self.path.parent.parent)
-        return f"{words or f'the recipe of {self.path.name}'} ({where})"
+        """The first sentence of its leading comment (which may wrap), and where it is."""
+        lines = itertools.takewhile(lambda line: line.startswith("#"), self.path.read_text().splitlines())
+        comment = " ".join(line.lstrip("# ").rstrip() for line in lines)
+        first = re.match(r"(.+?\.)(\s|$)", comment)
+        words = first.group(1) if first else comment or f"the recipe of {self.path.name}"
+        return f"{words} ({self.path.relative_to(self.path.parent.parent)})"
 
 
 def presets(site: SiteConfig, folder: Path) -> dict[str, Preset]:
@@ -94,11 +94,17 @@ def site_profiles(site: SiteConfig, folder: Path) -> list[str]:
     return list(dict.fromkeys(p for p in named if p))
 
 
+def opens_on(store: str | None, executor: str) -> str:
+    """What a deployment's description adds: the store and executor its form opens on (the site's, where
+    it has them), which the deployments list shows without opening the form."""
+    return f"opens on {f'the store {store}' if store else 'no store (give one)'} and the executor {executor}"
+
+
 def deployments(site: SiteConfig, folder: Path) -> dict[str, Any]:
     """prefect.yaml with the train deployment made per preset and the site's defaults in every
-    deployment's parameters; a preset the site's executor cannot run opens on the resident executor
-    (slurm.executors.executor_that_runs), and the evaluations take slurm where the site's executor runs no
-    job arrays."""
+    deployment's parameters and description (opens_on); a preset the site's executor cannot run opens on
+    the resident executor (slurm.executors.executor_that_runs), and the evaluations take slurm where the
+    site's executor runs no job arrays."""
     project = yaml.safe_load((ROOT / "prefect.yaml").read_text())
     executors = {"executor": site.executor, "profile": site.profile}
     arrays = {**executors, "executor": site.executor if executor_for(site.executor).arrays else "slurm"}
@@ -109,17 +115,23 @@ def deployments(site: SiteConfig, folder: Path) -> dict[str, Any]:
         if flow == "train":
             for name, preset in presets(site, folder).items():
                 train = copy.deepcopy(entry)
-                train.update(name=name, description=preset.description)
+                executor = executor_that_runs(site.executor, preset.recipe.checkpoint_every)
+                described = f"{preset.description}; {opens_on(preset.recipe.store, executor)}."
+                train.update(name=name, description=described)
                 train["parameters"] = {
                     "config": recipe_parameters(preset.recipe),
                     **executors,
-                    "executor": executor_that_runs(site.executor, preset.recipe.checkpoint_every),
+                    "executor": executor,
                 }
                 made.append(train)
             continue
         given = {"resume": {**stored, **executors}, "evaluate": {**stored, **arrays},
                  "nightly_eval": {**stored, **arrays}}.get(flow, {})  # fmt: skip
-        made.append({**entry, "parameters": {**entry.get("parameters", {}), **given}})
+        described = entry["description"]
+        if given:  # the demo is given none: its own recipe, in the worker's process
+            described += f" It {opens_on(site.store, given['executor'])}."
+        parameters = {**entry.get("parameters", {}), **given}
+        made.append({**entry, "description": described, "parameters": parameters})
     return {**project, "deployments": made}
 
 

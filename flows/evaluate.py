@@ -11,18 +11,21 @@ AbandoningStop), and whichever run of it comes next, that night or the next, mak
 shards: the same numbers as an uninterrupted task.
 
 What the UI shows: a task run per job array (`evaluate · array <id> · <n> tasks`; inline, one per pair), a
-table artifact saying of each pair whether it is complete, resumed (completed from an earlier task's
-shards) or pending (the shards kept so far), with the GPU-hours of every job that worked on it (earlier
-nights' too), an `avg6` row for each checkpoint with all six benchmarks, and the flow run fails (after
-committing every result that came) when a pair could not be evaluated, naming it and its job; the next
-night goes on with exactly those.
+table artifact listing every pair of the selection, each run's checkpoints in order, those evaluated on an
+earlier night among them as reused (never evaluated again), saying of each whether it is complete, resumed
+(completed from an earlier task's shards) or pending (the shards kept so far), with when it was committed
+and the GPU-hours of every job that worked on it (earlier nights' too), an `avg6` row for each checkpoint
+with all six benchmarks; its description says what the night cost, naming the executor (cost_line). The
+flow run fails (after committing every result that came) when a pair could not be evaluated, naming it
+and its job; the next night goes on with exactly those.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, cast
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
@@ -42,14 +45,63 @@ from probepo.evaluations import (
     missing,
 )
 from probepo.presets import ConfigError, load_profile
+from probepo.report_live import rounded, significant
 from probepo.store import ArtifactStore, open_store
 from slurm.accounting import JobCost
 from slurm.arrays import ItemOutcome, job_costs, run_array
 from slurm.executors import ArrayExecutorName, executor_for
 
 
+@dataclass(frozen=True)
+class Selected:
+    """The (checkpoint, suite) pairs a selection takes: those still to evaluate (`missing`'s: from the
+    run's own evaluate stage where it made them, else to be made) and those evaluated before (an earlier
+    night's, a concurrent flow's), which the table lists too, as reused."""
+
+    missing: list[EvaluationRequest]
+    earlier: list[EvaluationRequest]
+
+
+class _WithoutEvaluations:
+    """A store as `missing` reads it, without its evaluations: `missing` then lists every pair of the
+    selection, those evaluated before included (`selected` splits them)."""
+
+    def __init__(self, store: ArtifactStore) -> None:
+        self._store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._store, name)
+
+    def evaluations(self, run_id: str) -> dict[tuple[int, str], dict[str, Any]]:
+        return {}
+
+
+def selected(store: ArtifactStore, suites: Sequence[str] | None, selection: CheckpointSelection) -> Selected:
+    """Every pair of `selection` on `suites` (None: each run's own), as `missing` chooses them, split by
+    whether the store holds its evaluation already."""
+    every = missing(cast(ArtifactStore, _WithoutEvaluations(store)), suites, selection)
+    held = {run_id: set(store.evaluations(run_id)) for run_id in dict.fromkeys(r.run_id for r in every)}
+    return split_evaluated(every, held)
+
+
+def split_evaluated(
+    every: list[EvaluationRequest], held: Mapping[str, Collection[tuple[int, str]]]
+) -> Selected:
+    """`every` pair of a selection split by `held` (each run's evaluated (checkpoint, suite) pairs)."""
+    done = [(request.checkpoint, request.suite) in held.get(request.run_id, ()) for request in every]
+    return Selected(
+        missing=[request for request, was in zip(every, done, strict=True) if not was],
+        earlier=[request for request, was in zip(every, done, strict=True) if was],
+    )
+
+
+def counted(count: int, noun: str) -> str:
+    """`1 job`, `3 jobs`."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def _evaluate(
-    requests: list[EvaluationRequest],
+    pairs: Selected,
     executor: ArrayExecutorName,
     profile: str | None,
     name: str,
@@ -60,22 +112,26 @@ def _evaluate(
         execution = load_profile(profile)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-    reused = [request for request in requests if request.from_run]
-    to_run = [request for request in requests if not request.from_run]
-    logger.info(f"{len(to_run)} evaluations to do ({executor}), {len(reused)} taken from the runs' own")
+    reused = [request for request in pairs.missing if request.from_run]
+    to_run = [request for request in pairs.missing if not request.from_run]
+    logger.info(
+        f"{counted(len(to_run), 'evaluation')} to do (executor {executor}), {len(reused)} taken from the"
+        f" runs' own evaluate stage, {len(pairs.earlier)} evaluated before (both listed as reused)"
+    )
     work: Callable[[EvaluationRequest, Callable[[], bool]], str] = evaluate_checkpoint
-    if executor_for(executor, arrays=True).in_process:  # one task run per pair, named after it
+    in_process = executor_for(executor, arrays=True).in_process
+    if in_process:  # one task run per pair, named after it
 
         def work(request: EvaluationRequest, should_stop: Callable[[], bool]) -> str:
             named = stage_task.with_options(task_run_name=f"evaluate · {request.describe()}")
             return named(lambda: evaluate_checkpoint(request, should_stop))
 
     def watch(array_id: str, count: int, wait: Callable[[], None]) -> None:
-        tasks = f"{count} task{'' if count == 1 else 's'}"
-        stage_task.with_options(task_run_name=f"evaluate · array {array_id} · {tasks}")(wait)
+        stage_task.with_options(task_run_name=f"evaluate · array {array_id} · {counted(count, 'task')}")(wait)
 
     try:
-        outcomes = [
+        outcomes = [ItemOutcome(index, None, "reused") for index, _ in enumerate(pairs.earlier)]
+        outcomes += [
             ItemOutcome(index, None, adopt_run_evaluation(request)) for index, request in enumerate(reused)
         ]
         outcomes += run_array(
@@ -83,12 +139,14 @@ def _evaluate(
         )
     except ExecutionError as exc:
         raise ValueError(str(exc)) from None
+    requests = [*pairs.earlier, *reused, *to_run]
     stores = {url: open_store(url) for url in dict.fromkeys(request.store_url for request in requests)}
-    pairs = list(zip(reused + to_run, outcomes, strict=True))
-    rows = [evaluation_row(request, outcome, stores[request.store_url]) for request, outcome in pairs]
-    spent = _count_gpu_hours(rows, outcomes, executor, execution)
+    # each run's checkpoints in order, an earlier night's among tonight's (a stable sort keeps the suites')
+    done = sorted(zip(requests, outcomes, strict=True), key=lambda pair: (pair[0].run_id, pair[0].checkpoint))
+    rows = [evaluation_row(request, outcome, stores[request.store_url]) for request, outcome in done]
+    spent = _count_gpu_hours(rows, outcomes, executor, execution, in_process)
     if rows:
-        table = rows + avg6_rows(reused + to_run, stores)
+        table = rows + avg6_rows([request for request, _ in done], stores)
         create_table_artifact(
             table, key=artifact_key(name, "evaluations"), description=f"{name}: evaluations; {spent}"
         )
@@ -98,7 +156,7 @@ def _evaluate(
         for outcome in ("evaluated", "resumed", "reused", "exists")
     }
     failed = [f"{request.describe()} (job {outcome.job_id}): {outcome.error}"
-              for request, outcome in pairs if outcome.error is not None]  # fmt: skip
+              for request, outcome in done if outcome.error is not None]  # fmt: skip
     counts["failed"] = len(failed)
     logger.info(", ".join(f"{value} {key}" for key, value in counts.items()))
     if failed:
@@ -117,7 +175,7 @@ def evaluation_row(request: EvaluationRequest, outcome: ItemOutcome, store: Arti
     tonight = [outcome.job_id] if outcome.job_id else []  # recorded by the task too, unless it died early
     if outcome.error is not None:
         kept = len(store.evaluation_shard_names(request.run_id, request.checkpoint, request.suite))
-        row["status"] = f"pending: {kept} shard{'' if kept == 1 else 's'} kept"
+        row["status"] = f"pending: {counted(kept, 'shard')} kept"
         recorded = store.evaluation_jobs(request.run_id, request.checkpoint, request.suite)
         row["jobs"] = list(dict.fromkeys([*recorded, *tonight]))
         return row
@@ -126,32 +184,52 @@ def evaluation_row(request: EvaluationRequest, outcome: ItemOutcome, store: Arti
     if record.get("resumed_shards"):
         row["status"] = f"resumed: {record['resumed_shards']} of {record['shards']} shards kept before"
     row["jobs"] = list(dict.fromkeys([*record.get("jobs", []), *tonight]))
-    return {**row, "mean": record["mean"], "stderr": record["stderr"], "k": record["k"]}
+    numbers = {"mean": rounded(record["mean"]), "stderr": rounded(record["stderr"]), "k": record["k"]}
+    return {**row, **numbers, "committed": record["at"]}
 
 
 def _count_gpu_hours(
-    rows: list[dict[str, Any]], outcomes: list[ItemOutcome], executor: str, profile: ExecutionProfile
+    rows: list[dict[str, Any]],
+    outcomes: list[ItemOutcome],
+    executor: str,
+    profile: ExecutionProfile,
+    in_process: bool,
 ) -> str:
     """Fill each row's GPU-h from accounting (tonight's jobs as run_array found them, earlier nights' asked
-    for now); returns tonight's cost in words."""
+    for now); returns tonight's cost in words (cost_line)."""
     tonight = {outcome.job_id: outcome.cost for outcome in outcomes if outcome.job_id and outcome.cost}
     earlier = {job for row in rows for job in row["jobs"]} - set(tonight)
     costs = {**job_costs(executor, profile, sorted(earlier)), **tonight}
     for row in rows:
         row["GPU-h"] = gpu_hours(row["jobs"], costs)
-    if not tonight:
-        return "no accounted jobs tonight (inline or local: no GPU-hours)"
-    return (
-        f"tonight {sum(c.gpu_hours for c in tonight.values()):.3f} GPU-hours,"
-        f" {sum(c.cpu_hours for c in tonight.values()):.3f} CPU-hours over {len(tonight)} jobs (accounting);"
-        " a pair's GPU-h counts every job that worked on it, earlier nights' too"
-    )
+    jobs = {outcome.job_id for outcome in outcomes if outcome.job_id}
+    return cost_line(executor, in_process, len(jobs), tonight)
+
+
+def cost_line(executor: str, in_process: bool, jobs: int, tonight: Mapping[str, JobCost]) -> str:
+    """What tonight cost, naming the executor: accounting's GPU- and CPU-hours of `tonight`'s jobs (of the
+    `jobs` submitted), or why there are none."""
+    said = f"executor {executor}"
+    if tonight:
+        gpu, cpu = (
+            significant(sum(getattr(c, unit) for c in tonight.values()))
+            for unit in ("gpu_hours", "cpu_hours")
+        )
+        return (
+            f"{said}: tonight {gpu:g} GPU-hours, {cpu:g} CPU-hours over {counted(len(tonight), 'job')}"
+            " (accounting); a pair's GPU-h counts every job that worked on it, earlier nights' too"
+        )
+    if jobs:
+        return f"{said}: {counted(jobs, 'job')} tonight, none in its accounting (no GPU-hours)"
+    if in_process:
+        return f"{said}: no jobs, every pair in the worker's process (no GPU-hours)"
+    return f"{said}: no job tonight, nothing left to evaluate (no GPU-hours)"
 
 
 def gpu_hours(jobs: list[str], costs: Mapping[str, JobCost]) -> float | None:
     """What the jobs cost in GPU-hours, by accounting (None: it knows none of them: inline, local, taken)."""
     known = [costs[job].gpu_hours for job in jobs if job in costs]
-    return round(sum(known), 4) if known else None
+    return significant(sum(known)) if known else None
 
 
 def avg6_rows(requests: list[EvaluationRequest], stores: dict[str, ArtifactStore]) -> list[dict[str, Any]]:
@@ -165,7 +243,7 @@ def avg6_rows(requests: list[EvaluationRequest], stores: dict[str, ArtifactStore
         means = {s: records[(checkpoint, s)]["mean"] for s in AVG6_BENCHMARKS if (checkpoint, s) in records}
         if len(means) == len(AVG6_BENCHMARKS):
             found.append({"run": run_id, "checkpoint": checkpoint, "suite": "avg6", "status": "complete",
-                          "mean": avg6(means)})  # fmt: skip
+                          "mean": rounded(avg6(means))})  # fmt: skip
     return found
 
 
@@ -204,7 +282,7 @@ def evaluate(
     opened = open_store(store)
     opened.read_run(run_id)  # an unknown run fails here, naming the store
     selection = CheckpointSelection(runs=(run_id,), updates=tuple(checkpoints or ()))
-    return _evaluate(missing(opened, chosen, selection), executor, profile, f"evaluate-{run_id}")
+    return _evaluate(selected(opened, chosen, selection), executor, profile, f"evaluate-{run_id}")
 
 
 def _nightly_run_name() -> str:
@@ -244,6 +322,6 @@ def nightly_eval(
     """
     if problems := _missing_site_setting(store, executor, profile):
         return refused("nightly-eval", problems)
-    requests = missing(open_store(store), check_suites(suites), selection)
+    pairs = selected(open_store(store), check_suites(suites), selection)
     get_run_logger().info(f"selection: {selection.describe()}")
-    return _evaluate(requests, executor, profile, "nightly-eval", max_parallel)
+    return _evaluate(pairs, executor, profile, "nightly-eval", max_parallel)

@@ -1,8 +1,9 @@
 """A stage runner that shows each stage in Prefect: a task run per stage (inline and other in-process
 runners) or per job (`slurm.JobRunner`: one task run per submitted or re-attached job, named with its id).
 
-A cancelled flow run ends each job's task run Cancelled (naming the job) and forces its own state to
-Cancelled with the driver's line (`end_cancelled`), over Prefect's generic one.
+A cancelled flow run ends each job's task run Cancelled (naming the job) and its own state Cancelled with
+the driver's line (`end_cancelled`), kept over the generic one Prefect's runner sets after the flow's
+process has exited (flows/cancelled.py).
 
 Prefect never retries a task here: a job that died without committing (node failure, out of memory, a
 requeue that never ran) is resubmitted by the JobRunner itself, which reads why it ended from SLURM's
@@ -22,6 +23,7 @@ from prefect.client.schemas.objects import StateType
 from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed, State
 
+from flows.cancelled import keep_after_the_runner
 from probepo.execution import StageRequest, StageRunner
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
@@ -39,10 +41,13 @@ def stage_task(work: Callable[[], T]) -> T:
 
 
 def task_name(request: StageRequest, job_id: str | None = None) -> str:
-    """E.g. `sample · update 3 · job 1234`: what the UI lists for a stage (and its job)."""
+    """E.g. `sample · update 3 · job 1234`: what the UI lists for a stage (and its job); the warm-up (a run
+    of its own, before any update) and the resident executor's one job are named without an update."""
     job = f" · job {job_id}" if job_id else ""
     if request.stage == Stage.DRIVER:  # the resident executor's one job: every stage of every update left
         return f"driver{job}"
+    if request.stage == Stage.WARMUP:
+        return f"warm-up{job}"
     return f"{request.stage} · update {request.update}{job}"
 
 
@@ -105,13 +110,14 @@ def cancel_requested() -> bool:
 
 
 def end_cancelled(message: str) -> State:
-    """The flow run's Cancelled state with our message. The server has set its own (Cancelling, then
-    Prefect's generic line once the process ends): ours is forced over it, so the run's page says which
-    jobs ended."""
+    """The flow run's Cancelled state with our message, so the run's page says what ended: forced over the
+    server's Cancelling now, and set again over the line Prefect's runner sets once this process has
+    exited (flows/cancelled.py)."""
     flow_run_id = flow_run.get_id()
     if flow_run_id is not None:
         with get_client(sync_client=True) as client:
             client.set_flow_run_state(UUID(str(flow_run_id)), Cancelled(message=message), force=True)
+        keep_after_the_runner(UUID(str(flow_run_id)), message)
     # a new state object: the one sent now names the flow run, and the engine would read it as an
     # upstream state ("1/1 states cancelled") instead of the flow's own
     return Cancelled(message=message)

@@ -8,13 +8,15 @@ across fields, the profile, the model's and data's files, the store (probepo.pre
 run that fails with a one-line state message and a markdown artifact, no traceback.
 
 What the UI shows per run, whatever the executor (flows/artifacts.py): its progress (a percent, the
-updates committed of the total), a table of metrics per update and a chart of its curves (held-out accuracy
-and reward by update), each updated in place as each update commits (with the resident executor the flow
-reads them from the store while its one job runs), a markdown report and a table of its cost per stage at
-the end (GPU-hours from SLURM's accounting; wall time only for an inline run), and where a run that
-starts again resumes. TensorBoard events go to `<job folder>/<run id>/tensorboard`. A failing stage's
-error and the end of its job's log are in the flow's log. Cancelling a flow run ends its stage jobs and
-records the cancellation in the store; a later `resume` completes the run.
+updates committed of the total), a table of the numbers a user scans per update and one of every metric
+by stage, and charts of its curves over the whole run (held-out accuracy and reward by update), each
+updated in place as each update commits (with the resident executor the flow reads them from the store
+while its one job runs), a markdown report and a table of its cost per stage at the end (GPU-hours from
+SLURM's accounting; wall time only for an inline run), and where a run that starts again resumes.
+TensorBoard events go to `<job folder>/<run id>/tensorboard`. A failing stage's error and the end of its
+job's log are in the flow's log. Cancelling a flow run ends its stage jobs and records the cancellation in
+the store, and its state message says so (what ended, which jobs, how to go on); a later `resume`
+completes the run.
 """
 
 from __future__ import annotations
@@ -35,12 +37,15 @@ from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
 from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
+from probepo.schedule import Stage
+from probepo.stages.warmup import warmup_run_id
 from probepo.store import ArtifactStore, StoreError, open_store
 from probepo.store.outage import RIDER, OutageBudget
 from slurm import JobRunner
 from slurm.check import launchable
 from slurm.executors import ExecutorName
 from slurm.holders import holder_ended
+from slurm.runner import DriverJobRunner
 
 
 def run_id_of(given: str | None) -> str:
@@ -88,6 +93,8 @@ def _drive(
             logger.warning(warning)
         store = store or open_store(config.store)
         show_resume_point(store, run_id, config)
+        if isinstance(runner, DriverJobRunner) and (line := _warm_up_line(config, store)):
+            logger.info(line)
     except Refused as exc:
         return refused(f"run {run_id}", [*exc.problems, *worker_lacks(config)])
     except StoreError as exc:
@@ -125,10 +132,11 @@ def _drive(
 
 
 def _cancel(store: ArtifactStore, run_id: str, runner: Any, stopped_watching: str | None) -> State:
-    """Record the cancellation, end the run's jobs, and end the flow run Cancelled with a message saying
-    which jobs. `stopped_watching`: the run whose job the driver was waiting for when it stopped; where that
-    is the warm-up this run was making, its jobs end too (a warm-up another run is making, or one made long
-    ago, is left alone)."""
+    """Record the cancellation, end the run's jobs, and end the flow run Cancelled with a line saying what
+    ended, which jobs, and how to go on (cancel_line). `stopped_watching`: the run whose job the driver was
+    waiting for when it stopped; where that is the warm-up this run was making, its jobs end too (a warm-up
+    another run is making, or one made long ago, is left alone)."""
+    logger = get_run_logger()
     runs = list(dict.fromkeys(run for run in (run_id, stopped_watching) if run))
     # the records first: a resume ends any job this process dies before ending (JobRunner._in_flight), and
     # a job that sees its run cancelled does not requeue itself
@@ -139,9 +147,36 @@ def _cancel(store: ArtifactStore, run_id: str, runner: Any, stopped_watching: st
     if isinstance(runner, JobRunner):
         for run, listed in jobs.items():
             runner.cancel_jobs(store, run, listed)
-    message = f"run {run_id} cancelled; jobs ended: {', '.join(ids) or 'none'}"
-    get_run_logger().info(message)
+    message = cancel_line(run_id, runs[1] if len(runs) > 1 else None, ids)
+    logger.info(message)
+    if ids:
+        logger.info(
+            "each job's task run above ended Cancelled with this cancel: Prefect's task engine logs"
+            " `Finished in state Cancelled` at ERROR, its level for every end but Completed; nothing failed"
+        )
     return end_cancelled(message)
+
+
+def cancel_line(run_id: str, warm_up: str | None, job_ids: list[str]) -> str:
+    """A cancelled run's one line (its flow run's state message): the run, and the warm-up it was making
+    where that ended too, the jobs ended, and how to go on from what is committed."""
+    making = f" with the warm-up {warm_up} it was making" if warm_up else ""
+    return (
+        f"run {run_id} cancelled{making}; jobs ended: {', '.join(job_ids) or 'none'}; to go on, run the"
+        f" resume deployment with run_id {run_id}"
+    )
+
+
+def _warm_up_line(config: RunConfig, store: ArtifactStore) -> str | None:
+    """What a resident run's driver job starts from, for the flow's log (the job's own log says it, this
+    process's driver does not): the warm-up it reuses, or one the job makes first; None without a warm-up
+    (a Hugging Face model starts from its pretrained weights)."""
+    if config.model.kind != "testbed":
+        return None
+    warm_up = warmup_run_id(config)
+    if store.committed(warm_up, 0, Stage.WARMUP):
+        return f"warm-up: {warm_up} (reused: the driver job starts from it)"
+    return f"warm-up: {warm_up} is not made yet: the driver job makes it first"
 
 
 @flow(name="train", flow_run_name=_train_run_name, log_prints=True, validate_parameters=False)

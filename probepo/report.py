@@ -8,6 +8,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from probepo.costs import RunCosts
 from probepo.report_spend import write_spend
@@ -15,6 +16,9 @@ from probepo.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
 from probepo.stats import mean_and_stderr
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 ACCURACY = "evaluate/accuracy"
 STDERR = "evaluate/stderr"
@@ -129,17 +133,29 @@ def _gain_stderr(store: ArtifactStore, run_id: str, evaluated: list[int]) -> flo
     return 100.0 * mean_and_stderr(differences)[1]
 
 
-def plot(curves: Sequence[RunCurves], path: Path) -> Path:
-    """Held-out accuracy by update (±1 standard error), by sampled tokens, by training wall time and by
-    training GPU-hours (runs with accounted jobs), and the training reward by update: one line per run."""
+NO_GPU_HOURS_PLOT = (
+    "No plot by GPU-hours: no job of these runs was accounted for by SLURM (inline and local jobs are not),"
+    " so their cost shows as training wall time."
+)
+"""The report's one line where it leaves the GPU-hours panel out: an empty panel would show nothing."""
+
+
+def accounted(curves: Sequence[RunCurves]) -> bool:
+    """Whether SLURM accounted for any job of the runs: only then does a plot by GPU-hours have points."""
+    return any(c.gpu_hours for c in curves)
+
+
+def figure(curves: Sequence[RunCurves]) -> Figure:
+    """Held-out accuracy by update (±1 standard error), by sampled tokens, by training wall time and, for
+    runs with accounted jobs, by training GPU-hours, and the training reward by update: one line per run."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplot_mosaic(
-        [["update", "tokens", "wall"], ["gpu", "reward", "reward"]], figsize=(16, 8)
-    )
+    by_gpu_hours = accounted(curves)
+    second_row = ["gpu", "reward", "reward"] if by_gpu_hours else ["reward", "reward", "reward"]
+    fig, axes = plt.subplot_mosaic([["update", "tokens", "wall"], second_row], figsize=(16, 8))
     for c in curves:
         label = f"{c.algorithm} ({c.run_id})"
         percent = [100 * a for a in c.accuracy]
@@ -155,18 +171,22 @@ def plot(curves: Sequence[RunCurves], path: Path) -> Path:
     axes["update"].set(xlabel="update", ylabel=accuracy, title="Held-out accuracy by update")
     axes["tokens"].set(xlabel="sampled tokens (backbone + probes)", ylabel=accuracy, title="by tokens")
     axes["wall"].set(xlabel="training wall time (s)", ylabel=accuracy, title="by wall time")
-    accounted = any(c.gpu_hours for c in curves)
-    axes["gpu"].set(
-        xlabel="training GPU-hours (SLURM accounting)",
-        ylabel=accuracy,
-        title="by GPU-hours" if accounted else "by GPU-hours: no accounted jobs (wall time only)",
-    )
+    if by_gpu_hours:
+        axes["gpu"].set(xlabel="training GPU-hours (SLURM accounting)", ylabel=accuracy, title="by GPU-hours")
     axes["reward"].set(xlabel="update", ylabel="mean reward", title="Training reward (backbone samples)")
     for ax in axes.values():
         ax.grid(alpha=0.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=7)
     fig.tight_layout()
+    return fig
+
+
+def plot(curves: Sequence[RunCurves], path: Path) -> Path:
+    """Save `figure(curves)` as a PNG at `path`."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(curves)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -236,7 +256,7 @@ def markdown(curves: Sequence[RunCurves], plot_name: str | None = None) -> str:
         + ("\n" + "\n".join(notes) + "\n" if notes else "")
     )
     if plot_name:
-        text += f"\n![curves]({plot_name})\n"
+        text += ("" if accounted(curves) else f"\n{NO_GPU_HOURS_PLOT}\n") + f"\n![curves]({plot_name})\n"
     return text
 
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The vLLM tier (README "Real language models"): makes .venv-vllm (scripts/venv.sh vllm; ~3.5 GB, a few
+# The vLLM tier (docs/guides/real-models.md, "vLLM"): makes .venv-vllm (scripts/venv.sh vllm; ~3.5 GB, a few
 # minutes the first time) and runs tests/vllm there — the vLLM engine against the Hugging Face engine on the
 # tiny Qwen2 model, and a killed and resumed run generating with vLLM. No services needed.
 set -euo pipefail

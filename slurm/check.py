@@ -36,7 +36,7 @@ from probepo.preflight import (
 from probepo.presets import ConfigError, load_profile, validate_run_config
 from probepo.schedule import Stage, resident_refusal
 from slurm.backends import Backend
-from slurm.check_jobs import evaluation_shard_findings, memory_findings
+from slurm.check_jobs import evaluation_shard_findings, gpu_findings, memory_findings
 from slurm.check_spend import scratch_need, spend_findings
 from slurm.executors import Executor, executor_for
 from slurm.ranks import generation_rank_findings
@@ -144,6 +144,7 @@ def _recipe_findings(checked: Checked, data: dict[str, Any], executor: str) -> F
         found, model = preflight(config)
         if checked.profile and checked.executor:
             found.extend(generation_rank_findings(config, checked.profile, checked.executor.stages))
+            found.extend(gpu_findings(config, checked.profile, checked.executor))
         if model.parameters is not None and checked.profile and checked.executor:
             found.extend(memory_findings(config, checked.profile, checked.executor, model.parameters))
             found.extend(evaluation_shard_findings(config, checked.profile, checked.executor))

@@ -1,12 +1,13 @@
 """`probepo check`'s figures of each job an executor runs that loads the recipe's model: its memory against
-the profile's `mem_gb` and `gpu_memory_gb` for that stage (probepo/memory_model.py), and the evaluation's
-shards against the grace window of the jobs that evaluate (probepo/stages/evaluate.py)."""
+the profile's `mem_gb` and `gpu_memory_gb` for that stage (probepo/memory_model.py), its GPUs where the
+recipe's engines need them, and the evaluation's shards against the grace window of the jobs that evaluate
+(probepo/stages/evaluate.py)."""
 
 from __future__ import annotations
 
 import math
 
-from probepo.config import ExecutionProfile, RunConfig
+from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.memory_model import STAGE_LOADS, stage_memory_findings
 from probepo.methods import method_for
 from probepo.preflight import Findings
@@ -75,3 +76,30 @@ def evaluation_shard_findings(config: RunConfig, profile: ExecutionProfile, exec
             ]
         )
     return Findings(passed=[f"{line}; {where} holds one: a stop commits the shard in flight before the kill"])
+
+
+def gpu_findings(config: RunConfig, profile: ExecutionProfile, executor: Executor) -> Findings:
+    """A recipe for GPUs (its generator vLLM or its trainer DeepSpeed, whose CPU builds serve the test
+    tiers only) on a profile that gives no GPU to any job that loads its model: a warning, as for a train
+    deployment that opens on a site's only profile, a CPU cluster's. Some of its jobs may run on the CPU by
+    design (checkpoint 0 builds DeepSpeed's trainer there); in process, the engines take this machine's."""
+    model = config.model
+    used = (
+        ("generator vllm", model.generator == "vllm"),
+        ("trainer deepspeed", model.trainer == "deepspeed"),
+    )
+    engines = " and ".join(setting for setting, uses in used if uses)
+    jobs = model_jobs(config, executor)
+    if not engines or not jobs or any(_has_gpus(profile.resources(stage)) for stage in jobs):
+        return Findings()
+    return Findings(
+        warnings=[
+            f"GPUs: the profile gives none to the jobs that load the model ({', '.join(jobs)}), yet the"
+            f" recipe's {engines} run on GPUs: choose a profile with GPUs (a train deployment opens on the"
+            " site file's `profile`; its `profiles` are the others its form offers)"
+        ]
+    )
+
+
+def _has_gpus(resources: StageResources) -> bool:
+    return bool(resources.gpus_per_node or resources.gpus_per_task)

@@ -3,6 +3,7 @@ endpoint that store and pipeline tests share (a moto server in its own process, 
 stores holding the tiny recipe's warm-up, made once per session, and the tiny Qwen2 model of the Hugging
 Face, vLLM and DeepSpeed tests (built and trained once per session, ~20 s)."""
 
+import json
 import os
 import shutil
 import tempfile
@@ -14,6 +15,7 @@ import boto3
 import pytest
 from hypothesis import settings
 
+from tests import clusters
 from tests.s3server import S3Server, isolated_aws_env, running_s3_server, start_s3_server
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch reads it
@@ -29,34 +31,81 @@ from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tin
 torch.set_num_threads(1)
 
 ROOT = Path(__file__).resolve().parent.parent
-SHARED_SERVICES = (
-    "tests/slurm/",
-    "tests/flows/",
-    "tests/deepspeed/test_engine.py",
-    "tests/deepspeed/test_resident.py",
-    "tests/deepspeed/test_two_nodes.py",
-)
-"""The tests that drive the one SLURM cluster and Prefect server: some take the node down, stop jobs or
-preempt, so they run in one worker, one after another."""
-OWN_SERVICES = ("tests/slurm/test_qos_preemption.py", "tests/slurm/test_store_outage_local.py")
-"""Tests under SHARED_SERVICES' folders that use none of them (the QOS controller's drills, a local
-executor's): a unit each, beside the shared services."""
+UNIT_SECONDS = ROOT / "tests" / "unit_seconds.json"
+"""Measured seconds of each work unit, from the reports of a whole run with PROBEPO_RECORD_UNIT_SECONDS
+naming this file: the units are handed out longest first, so that no long unit starts last."""
+unit_seconds: dict[str, float] = {}
+"""This run's seconds per unit (setup, call and teardown of its tests), summed where the reports arrive."""
+ORIGINAL_SLURM = {key: os.environ[key] for key in clusters.SLURM_KEYS if key in os.environ}
+"""The SLURM environment the session started with (.ci/run's: the main cluster): a test of no cluster's
+group runs with it."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its cluster's group (tests/clusters.py), run in order in one worker,
+    else its module (so that its module-scoped fixtures are made once)."""
+    cluster = clusters.cluster_of(nodeid)
+    return f"cluster {cluster}" if cluster else nodeid.split("::", 1)[0]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Each unit's tests together, in their order, the units longest first by their measured seconds (new
+    ones last): xdist's scheduler hands them out in this order."""
+    measured = json.loads(UNIT_SECONDS.read_text()) if UNIT_SECONDS.exists() else {}
+    units = dict.fromkeys(work_unit(item.nodeid) for item in items)
+    first_seen = {unit: index for index, unit in enumerate(units)}
+
+    def order(item: pytest.Item) -> tuple[float, int]:
+        unit = work_unit(item.nodeid)
+        return (-measured.get(unit, 0.0), first_seen[unit])
+
+    items.sort(key=order)
 
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """Work units of `pytest -n N` (scripts/test): SHARED_SERVICES as one, and every other module as one (so
-    that its module-scoped fixtures are made once). A scheduler of its own because xdist's `loadgroup`
-    marks do not take under pytest 9.2 (xdist 3.8 renames node ids in a way pytest 9.2 ignores)."""
+    """Work units of `pytest -n N` (scripts/test), in the collection's order (longest first): a scheduler of
+    our own because xdist's `loadgroup` marks do not take under pytest 9.2 (xdist 3.8 renames node ids in a
+    way pytest 9.2 ignores), and because xdist's would reorder the units by their number of tests."""
     from xdist.scheduler import LoadScopeScheduling
+    from xdist.workermanage import WorkerController
 
-    class SharedServicesInOneWorker(LoadScopeScheduling):
+    class LongestUnitsFirst(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            path = nodeid.split("::", 1)[0]
-            shared = path.startswith(SHARED_SERVICES) and not path.startswith(OWN_SERVICES)
-            return "shared services" if shared else path
+            return work_unit(nodeid)
 
-    return SharedServicesInOneWorker(config, log)
+        def _reschedule(self, node: WorkerController) -> None:
+            # A worker keeps its last test back until more arrive: top it up only then, not while two
+            # remain (xdist's default), so that no unit waits behind a long test while a worker idles.
+            if node.shutting_down or (self.workqueue and self._pending_of(self.assigned_work[node]) > 1):
+                return
+            super()._reschedule(node)
+
+    config.option.loadscopereorder = False
+    return LongestUnitsFirst(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before any fixture of the test: its commands and jobs go to its group's cluster, or to the session's
+    own SLURM environment when it belongs to none."""
+    cluster = clusters.cluster_of(item.nodeid)
+    for key in clusters.SLURM_KEYS:
+        os.environ.pop(key, None)
+    os.environ.update(clusters.environment(cluster) if cluster else ORIGINAL_SLURM)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    unit = work_unit(report.nodeid)
+    unit_seconds[unit] = unit_seconds.get(unit, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    clusters.stop_started_here()
+    path = os.environ.get("PROBEPO_RECORD_UNIT_SECONDS")
+    if path and not hasattr(session.config, "workerinput"):  # xdist's controller: it has every report
+        rounded = {unit: round(seconds, 1) for unit, seconds in sorted(unit_seconds.items())}
+        Path(path).write_text(json.dumps(rounded, indent=1) + "\n")
 
 
 # The suite is deterministic: property tests draw the same examples every run. HYPOTHESIS_PROFILE=explore

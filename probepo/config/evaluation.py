@@ -65,13 +65,19 @@ class CheckpointSelection(Strict):
         return chosen[-1:] if self.latest else chosen
 
     def describe(self) -> str:
-        """One line for logs and artifacts, e.g. `runs grpo-*, latest checkpoint, every 10th`."""
+        """One line for logs and artifacts, e.g. `runs grpo-*, latest checkpoint, every 3rd update`."""
         parts = [f"runs {', '.join(self.runs)}" if self.runs else "every run"]
         parts.append("latest checkpoint" if self.latest else "checkpoints")
         if self.updates:
             parts.append(f"of updates {', '.join(map(str, self.updates))}")
         if self.every > 1:
-            parts.append(f"every {self.every}th update")
+            parts.append(f"every {ordinal(self.every)} update")
         if self.since is not None:
             parts.append(f"committed since {self.since.isoformat()}")
         return ", ".join(parts)
+
+
+def ordinal(number: int) -> str:
+    """`1st`, `2nd`, `3rd`, `4th`, `11th`, `12th`, `13th`, `21st`, `112th`."""
+    suffix = "th" if number % 100 in (11, 12, 13) else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"

@@ -12,6 +12,8 @@ from probepo.config.base import Strict as _Strict
 MATH_INSTRUCTION = "Please reason step by step, and put your final answer within \\boxed{}."
 """The instruction of DeepSeekMath's and DeepSeek-R1's model cards: every maths prompt asks for a box."""
 TESTBED_TASKS = ("modchain", "pointer")
+Determinism = Literal["bitwise", "fast"]
+"""What a run promises across restarts on a GPU (RunConfig.determinism)."""
 
 
 class TaskConfig(_Strict):
@@ -304,6 +306,10 @@ class EvalConfig(_Strict):
 NOT_RECIPE = frozenset({"store", "checkpoint_every"})
 """RunConfig fields that say where a run is kept and how often in full, not what it computes: left out of
 run.json, so a run may be resumed from another store URL or with another checkpoint interval."""
+HASHED_UNLESS_DEFAULT = frozenset({"determinism"})
+"""RunConfig fields added after run ids were first hashed from `recipe_json` (demo and bench arms): left out
+of it at their default, which keeps what older code did, so the ids of existing presets and stores stay
+what they were; any other value is hashed. run.json records them always."""
 
 
 def _nested_defaults_in_schema(schema: dict[str, Any], model: type[BaseModel]) -> None:
@@ -366,7 +372,7 @@ class RunConfig(_Strict):
     """The verifiable task."""
 
     model: ModelConfig = Field(default_factory=ModelConfig)
-    """The policy network (testbed GPT)."""
+    """The policy: the testbed's tiny GPT or a Hugging Face causal language model (its `kind`)."""
 
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     """Sampling of responses and probe continuations."""
@@ -380,9 +386,19 @@ class RunConfig(_Strict):
     eval: EvalConfig = Field(default_factory=EvalConfig)
     """Held-out evaluation."""
 
+    determinism: Determinism = "bitwise"
+    """bitwise: a resumed run equals an uninterrupted one bit for bit, and a replay reproduces the weights it
+    committed (a divergence is recorded as `replay_diverged`); on CUDA every engine's process runs torch's
+    deterministic algorithms with cuBLAS's fixed workspace (and vLLM's batch-invariant mode), slower
+    kernels. fast: the fastest kernels; a run is still exactly-once and resumes losslessly, but replays are
+    checked without being expected to match. The CPU is bitwise either way (docs/DETERMINISM.md)."""
+
     def recipe_json(self) -> str:
-        """The recipe as JSON: every field but NOT_RECIPE's (what run ids of demo and bench arms hash)."""
-        return self.model_dump_json(exclude=set(NOT_RECIPE))
+        """The recipe as JSON: every field but NOT_RECIPE's, and HASHED_UNLESS_DEFAULT's at their default
+        (what run ids of demo and bench arms hash)."""
+        fields = type(self).model_fields
+        at_default = {name for name in HASHED_UNLESS_DEFAULT if getattr(self, name) == fields[name].default}
+        return self.model_dump_json(exclude=set(NOT_RECIPE) | at_default)
 
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:

@@ -44,8 +44,12 @@ class SiteConfig(Strict):
     resident."""
 
     profiles: tuple[str, ...] = ()
-    """Other execution profiles (YAML) the train forms offer beside `profile`, e.g. one per partition or
-    node type; the forms offer these first (another path is still taken)."""
+    """Other execution profiles (YAML) every train form offers beside `profile`, the site's choice ("the
+    site's"; another path is still taken), e.g. one per partition or node type: `profiles:
+    [configs/profiles/h200-two-nodes.yaml]` beside an 8×H200 node's `profile`. Every train form opens on
+    `profile`: a site whose `profile` is a CPU cluster's (the testbed's) lists its GPU profiles here, and a
+    GPU recipe's run (vLLM, DeepSpeed) chooses one in its form; `probepo check` warns of a GPU recipe on a
+    profile that gives its jobs no GPU."""
 
     recipes: tuple[str, ...] = ()
     """Folders of the team's own recipe presets (`*.yaml`): each gets a train deployment beside those of

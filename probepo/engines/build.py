@@ -1,7 +1,8 @@
 """Engines on a run's policy, built as its config says: a trainer (the testbed's torch engine, Hugging Face's,
 or DeepSpeed's) on a model or a saved policy, and a generation engine (the testbed's, Hugging Face's or
-vLLM's) on a policy folder, refused where the model cannot fit one GPU (probepo.devices). Where the
-policy comes from is the stages' (probepo.stages.policy); this module only builds."""
+vLLM's) on a policy folder, refused where the model cannot fit one GPU (probepo.devices), each in a process
+set up for the run's determinism first (probepo.determinism). Where the policy comes from is the stages'
+(probepo.stages.policy); this module only builds."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from torch import Tensor
 
 from probepo import spend
 from probepo.config import ModelConfig, RunConfig
+from probepo.determinism import apply_determinism
 from probepo.devices import check_fits_one_gpu, torch_device, weights_bytes
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
@@ -29,6 +31,7 @@ def new_trainer(config: RunConfig, model: Any, tokenizer: Any = None) -> Trainer
     """A trainer engine on `model` with a fresh optimizer, as the run's config sets it up (for `model.kind:
     hf` the Hugging Face engine, or DeepSpeed's with `model.trainer: deepspeed`, saving `tokenizer` with
     each checkpoint)."""
+    apply_determinism(config)
     settings = {"response_budget": config.sampling.max_tokens, "temperature": config.sampling.temperature}
     if config.model.kind == "hf" and config.model.trainer == "deepspeed":
         from probepo.engines.deepspeed_engine import DeepSpeedTrainerEngine
@@ -52,6 +55,7 @@ def new_trainer(config: RunConfig, model: Any, tokenizer: Any = None) -> Trainer
 def load_trainer(config: RunConfig, folder: Path, *, optimizer_state: bool = True) -> TrainerEngine:
     """A trainer engine on the policy saved in `folder`, its optimizer state included; without
     `optimizer_state` (scoring) the weights alone under a fresh optimizer, which must not train."""
+    apply_determinism(config)  # before the weights reach the GPU
     model = config.model
     with spend.timed("load"):
         if model.kind == "hf":
@@ -71,6 +75,7 @@ def new_generator(config: RunConfig, layout: Path | None, scratch: Path) -> Gene
     """A generation engine for the run's model, not yet holding any policy's weights but what it is built
     on: a Hugging Face model's `layout` (a full checkpoint's folder: config, tokenizer, weights); the
     testbed's takes none. vLLM keeps its own files in `scratch`."""
+    apply_determinism(config)
     batching = {"max_batch_rows": config.sampling.batch_rows, "shards": config.sampling.shards}
     model = config.model
     if model.kind == "testbed":

@@ -1,7 +1,8 @@
 """Policy k rebuilt when no engine holds it: the latest full checkpoint c <= k, then the optimize stages of
 updates c .. k - 1 replayed from their committed rollouts, old log-probs and advantages (nothing is
 generated or graded again), each checked against the fingerprint of the weights it committed (a mismatch is
-recorded and logged, not fatal: the run goes on, no longer bitwise the uninterrupted one)."""
+recorded and logged, not fatal: the run goes on, no longer bitwise the uninterrupted one; under
+`determinism: fast` replays are checked without being expected to match, so it is logged as such)."""
 
 from __future__ import annotations
 
@@ -79,11 +80,19 @@ def restore_trainer(ctx: StageContext) -> TrainerEngine:
     if diverged:
         # Not fatal: the run goes on from a valid policy, but no longer bitwise the uninterrupted one.
         ctx.attempt_notes["replay_diverged"] = diverged
-        log.warning(
-            "run %s: replaying optimize of updates %s did not reproduce the weights they committed (another"
-            " device, dtype or thread count than the run, e.g. OMP_NUM_THREADS); the run goes on, no longer"
-            " bitwise equal to an uninterrupted one",
-            ctx.run_id,
-            diverged,
-        )
+        if ctx.config.determinism == "fast":
+            log.info(
+                "run %s: replaying optimize of updates %s did not reproduce the weights they committed, as"
+                " `determinism: fast` allows (its replays are checked, not expected to match)",
+                ctx.run_id,
+                diverged,
+            )
+        else:
+            log.warning(
+                "run %s: replaying optimize of updates %s did not reproduce the weights they committed"
+                " (another device, dtype or thread count than the run, e.g. OMP_NUM_THREADS); the run goes"
+                " on, no longer bitwise equal to an uninterrupted one",
+                ctx.run_id,
+                diverged,
+            )
     return engine

@@ -93,6 +93,9 @@ class Ledger:
             ]
         recipe.append(f"code version {run.get('code_version', 'unknown')}")
         lines.append(f"  recipe: {', '.join(recipe)}")
+        attempts = self.store.attempts(self.run_id)
+        if schedule is not None and "num_updates" in config:
+            lines += _determinism_lines(config.get("determinism", "bitwise"), attempts)
         if start is None:
             lines.append("  status: unknown (run.json holds no recipe this version can read)")
         elif start.done:
@@ -119,7 +122,7 @@ class Ledger:
                     parts[stage] = parts.get(stage, 0) + 1
             flight = "; in flight: " + ", ".join(f"{s} ({n} part(s) committed)" for s, n in parts.items())
             lines.append(f"    {update:6d}: {', '.join(whole) or '-'}{flight if parts else ''}")
-        lines += self._attempt_lines(entries, start is not None and start.done)
+        lines += self._attempt_lines(attempts, entries, start is not None and start.done)
         return "\n".join(lines)
 
     def _checkpoints_line(self) -> str:
@@ -151,8 +154,9 @@ class Ledger:
             line += " (its process is gone: the next train or resume takes the run over)"
         return line
 
-    def _attempt_lines(self, entries: dict[int, list[str]], complete: bool) -> list[str]:
-        attempts = self.store.attempts(self.run_id)
+    def _attempt_lines(
+        self, attempts: list[dict], entries: dict[int, list[str]], complete: bool
+    ) -> list[str]:
         by_stage: dict[tuple[int, str], list[dict]] = {}
         for record in attempts:
             by_stage.setdefault((record.get("update", 0), record.get("stage", "")), []).append(record)
@@ -181,6 +185,27 @@ class Ledger:
                 f" (pid {last.get('pid')}{job}; started {last.get('start')}, {ended}) -> {outcome(last)}"
             )
         return lines
+
+
+DETERMINISM_PROMISES = {
+    "bitwise": "a replay must reproduce the weights it committed",
+    "fast": "replays are checked but not expected to match",
+}
+"""What `store ls` says each RunConfig.determinism promises of the replays (docs/DETERMINISM.md)."""
+
+
+def _determinism_lines(determinism: str, attempts: list[dict]) -> list[str]:
+    """The run's determinism and what its replays did: how many optimize stages were replayed (checked
+    against the fingerprints they committed) and which did not reproduce their weights."""
+    lines = [
+        f"  determinism: {determinism} ({DETERMINISM_PROMISES.get(determinism, 'unknown to this code')})"
+    ]
+    replayed = sum(int(record.get("replayed_updates", 0)) for record in attempts)
+    if replayed:
+        diverged = sorted({u for record in attempts for u in record.get("replay_diverged", [])})
+        verdict = f"updates {_updates(diverged)} did not (replay_diverged)" if diverged else "all matched"
+        lines.append(f"  replays: {replayed} optimize stage(s) replayed and checked, {verdict}")
+    return lines
 
 
 def _updates(updates: list[int], shown: int = 6) -> str:

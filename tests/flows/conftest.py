@@ -20,9 +20,9 @@ TESTBED = "ui-testbed"
 
 
 @pytest.fixture(scope="session")
-def site(tmp_path_factory: pytest.TempPathFactory, warm_store, slurm_cluster) -> Path:
-    """A site file: the warm store, every stage a job of the test cluster, and a recipe folder holding
-    the ui-testbed preset."""
+def site(tmp_path_factory: pytest.TempPathFactory, warm_store) -> Path:
+    """A site file: the warm store, every stage a job of the test cluster (the main one, the worker's), and
+    a recipe folder holding the ui-testbed preset."""
     folder = tmp_path_factory.mktemp("site")
     profile = ExecutionProfile(
         job_folder=str(folder / "jobs"),

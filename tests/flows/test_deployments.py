@@ -36,6 +36,8 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 FILES = ("model.safetensors", "optimizer.safetensors", "trainer.json")
+RUNNERS_LINE = "Flow run was cancelled successfully."
+"""The state message Prefect's runner sets on a cancelled flow run once its process has exited."""
 
 
 def _wait_for_end(flow_run_id, timeout_s: float = 600):
@@ -50,6 +52,24 @@ def _wait_for_end(flow_run_id, timeout_s: float = 600):
             time.sleep(1)
     raise AssertionError(
         f"flow run {flow_run_id} did not end within {timeout_s} s (worker log: /tmp/probepo-prefect)"
+    )
+
+
+def _cancelled_for_good(flow_run_id, timeout_s: float = 120):
+    """The flow run once Prefect's runner has set its Cancelled state and line, after the flow's own (its
+    process exited), and something has been set over it since: the flow's line again (flows/cancelled.py)."""
+    from prefect import get_client
+
+    messages: list = []
+    with get_client(sync_client=True) as client:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            messages = [state.message for state in client.read_flow_run_states(flow_run_id)]
+            if RUNNERS_LINE in messages[:-1]:
+                return client.read_flow_run(flow_run_id)
+            time.sleep(1)
+    raise AssertionError(
+        f"flow run {flow_run_id}: no state after the runner's within {timeout_s} s: {messages}"
     )
 
 
@@ -134,9 +154,12 @@ def test_cancelling_a_run_ends_its_stage_jobs_and_a_resume_completes_it(
     assert run.state.is_cancelled(), run.state
     [cancellation] = warm_store.cancellations("cancelled")
     ended = f"run cancelled cancelled; jobs ended: {', '.join(cancellation['jobs'])}"
-    logs = _flow_run_logs(created.id, until=lambda records: any(ended in r.message for r in records))
+    # Prefect logs a task run that ends Cancelled (the stage's job, cancelled with the run) at ERROR: the
+    # flow's log says so after our line
+    explained = "its level for every end but Completed; nothing failed"
+    logs = _flow_run_logs(created.id, until=lambda records: any(explained in r.message for r in records))
     assert any(ended in record.message for record in logs), [record.message for record in logs]
-    # Prefect logs a task run that ends Cancelled (the stage's job, cancelled with the run) at ERROR
+    assert any(explained in record.message for record in logs), [record.message for record in logs]
     errors = [
         r
         for r in logs
@@ -171,11 +194,13 @@ def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cance
 ):
     """A recipe whose warm-up is not made yet: cancelled while the warm-up's job runs, that job is ended
     (sacct: CANCELLED), the cancellation is recorded in the run and in the warm-up's, every task run ends
-    Cancelled with its job's id, and the flow run's state message is ours."""
+    Cancelled with its job's id (the warm-up's named as such), and the flow run's final state message is
+    ours, set again after the line Prefect's runner sets once the flow's process has exited."""
     from prefect import get_client
     from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
     from prefect.states import Cancelling
 
+    from flows.train import cancel_line
     from probepo.stages.warmup import warmup_run_id
     from tests.slurm.conftest import drill_config
 
@@ -192,10 +217,11 @@ def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cance
         )
         [job] = _wait_until(lambda: [j for j in _jobs(warming, warm_store) if j["state"] == "RUNNING"])
         client.set_flow_run_state(created.id, Cancelling(), force=True)  # what the UI's Cancel does
-    run = _wait_for_end(created.id, timeout_s=120)
+    run = _cancelled_for_good(created.id)  # the runner's line, then ours again over it
     assert run.state.is_cancelled(), run.state
     job_id = str(job["job_id"])
-    assert run.state.message == f"run cancelled-warm-up cancelled; jobs ended: {job_id}", run.state.message
+    assert run.state.message == cancel_line("cancelled-warm-up", warming, [job_id]), run.state.message
+    assert run.state.message.startswith(f"run cancelled-warm-up cancelled with the warm-up {warming} it was")
     ended = accounted_states(job_id, timeout_s=300)[-1]
     assert ended.startswith("CANCELLED"), ended
     assert [c["jobs"] for c in warm_store.cancellations(warming)] == [[job_id]]
@@ -203,9 +229,7 @@ def test_a_cancel_during_the_warm_up_ends_its_job_and_every_task_run_shows_cance
     assert not warm_store.committed(warming, 0, "warmup")
     with get_client(sync_client=True) as client:
         tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[created.id])))
-    assert [(t.name, t.state.type.value) for t in tasks] == [
-        (f"warmup · update 0 · job {job_id}", "CANCELLED")
-    ]
+    assert [(t.name, t.state.type.value) for t in tasks] == [(f"warm-up · job {job_id}", "CANCELLED")]
     assert tasks[0].state.message == f"job {job_id} cancelled with the run"
 
 

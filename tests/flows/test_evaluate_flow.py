@@ -1,7 +1,9 @@
 """The nightly evaluation against the real Prefect server and SLURM cluster: the selected checkpoints lacking
 an evaluation done once, as one-GPU job array tasks (split to MaxArraySize, throttled), or taken from the
-run's own evaluate stage; a last night doing nothing; a maths checkpoint's six benchmarks and their Avg-6 in
-the artifact; and the `evaluate` flow's bad input refused before anything is submitted."""
+run's own evaluate stage; a third night doing nothing, yet listing every pair it selects as reused with
+the GPU-hours the earlier night's jobs cost; the cost line naming the executor; a maths checkpoint's six
+benchmarks and their Avg-6 in the artifact; and the `evaluate` flow's bad input refused before anything
+is submitted."""
 
 from __future__ import annotations
 
@@ -63,10 +65,10 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
     assert second.result() == {
         "evaluated": 3,
         "resumed": 0,
-        "reused": 8,
+        "reused": 9,
         "exists": 0,
         "failed": 0,
-    }  # policy 1 of a, c, d
+    }  # policy 1 of a, c, d; reused: the runs' own 8 and night-a's policy 2, which the first night took
     names = _task_run_names(second.state_details.flow_run_id, 2)  # "evaluate · array <id> · <n> tasks"
     assert sorted(name.rsplit(" · ", 1)[1] for name in names) == ["1 task", "2 tasks"], names
     array_ids = [name.split(" · ")[1].removeprefix("array ") for name in names]
@@ -74,7 +76,10 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
     assert len(tasks) == 3 and all(line.endswith("|COMPLETED") for line in tasks), tasks
     assert all("gres/gpu=1" in line.split("|")[1] for line in tasks), tasks  # one GPU each, not the stage's 2
     table = _artifact("nightly-eval-evaluations")  # each array task's GPU-hours, from accounting
-    assert "GPU-hours" in table.description, table.description
+    assert table.description.startswith("nightly-eval: evaluations; executor slurm: tonight "), (
+        table.description
+    )
+    assert " GPU-hours, " in table.description and " over 3 jobs (accounting)" in table.description
     cost = {row["outcome"]: row["GPU-h"] for row in json.loads(table.data)}
     assert {row["status"] for row in json.loads(table.data)} == {"complete"}
     assert cost["evaluated"] > 0 and cost["reused"] is None
@@ -96,11 +101,20 @@ def test_nights_evaluate_each_selected_checkpoint_once_on_one_gpu_and_take_the_r
     assert third.is_completed() and third.result() == {
         "evaluated": 0,
         "resumed": 0,
-        "reused": 0,
+        "reused": 12,
         "exists": 0,
         "failed": 0,
-    }
+    }  # every pair an earlier night's (or a run's own), listed again, done again never
     assert _task_run_names(third.state_details.flow_run_id, 0) == set()  # no job submitted
+    table = _artifact("nightly-eval-evaluations")
+    listed = json.loads(table.data)
+    assert [(row["run"], row["checkpoint"], row["outcome"]) for row in listed] == [
+        (run_id, k, "reused") for run_id in ("night-a", "night-b", "night-c", "night-d") for k in range(3)
+    ]
+    assert table.description.endswith(
+        "executor slurm: no job tonight, nothing left to evaluate (no GPU-hours)"
+    )
+    assert next(row for row in listed if row["run"] == "night-c" and row["checkpoint"] == 1)["GPU-h"] > 0
     for run_id in stamps:
         assert {key: record["at"] for key, record in store.evaluations(run_id).items()} == stamps[run_id]
 
@@ -135,7 +149,7 @@ def test_a_maths_checkpoint_gets_a_row_per_benchmark_and_its_avg6(tmp_path):
     rows = json.loads(_artifact("evaluate-math-night-evaluations").data)
     means = {row["suite"]: row["mean"] for row in rows}
     assert list(means) == [*AVG6_BENCHMARKS, "avg6"]
-    assert means["avg6"] == avg6({name: means[name] for name in AVG6_BENCHMARKS}) == pytest.approx(0.35)
+    assert means["avg6"] == pytest.approx(avg6({name: means[name] for name in AVG6_BENCHMARKS})) == 0.35
     assert {row["status"] for row in rows} == {"complete"}
 
 

@@ -35,9 +35,10 @@ class Kept:
 
 
 def test_a_pair_is_complete_resumed_or_pending_with_the_gpu_hours_of_every_night():
-    numbers = {"mean": 0.41, "stderr": 0.01, "k": 16, "jobs": ["9_3"]}
+    numbers = {"mean": 0.4166666, "stderr": 0.01, "k": 16, "jobs": ["9_3"], "at": "2026-12-02T02:41:07+00:00"}
     whole = evaluation_row(REQUEST, ItemOutcome(0, "9_3", "evaluated", cost=COST), Kept(numbers))  # type: ignore[arg-type]
-    assert (whole["status"], whole["jobs"], whole["mean"]) == ("complete", ["9_3"], 0.41)
+    assert (whole["status"], whole["jobs"], whole["mean"]) == ("complete", ["9_3"], 0.4167)  # 4 digits
+    assert whole["committed"] == numbers["at"]
     assert gpu_hours(whole["jobs"], {"9_3": COST}) == 1.5
 
     # resumed tonight from the shards of a task of two nights ago: both jobs' GPU-hours count

@@ -1,8 +1,9 @@
 """Launching from the deployments deploy.sh makes for a site, on the real server (PostgreSQL), worker, SLURM
 cluster and store: each deployment's untouched defaults run or are refused at once in one line; a
-cross-field error is refused before any job; a resident run's progress and metrics advance while its one
-job runs, its TensorBoard events and log are where the docs say; five runs created back to back all
-complete."""
+cross-field error is refused before any job; the 7B recipe's deployment, on the test site's CPU profile,
+is warned of; a resident run's progress and metrics advance while its one job runs, its flow's log says
+which warm-up the job starts from, its TensorBoard events and log are where the docs say; five runs
+created back to back all complete."""
 
 from __future__ import annotations
 
@@ -41,7 +42,7 @@ def test_every_deployment_runs_as_it_stands_or_is_refused_at_once_in_one_line(de
     from prefect import get_client
 
     from flows.evaluate import nightly_eval
-    from slurm.check import launchable
+    from slurm.check import check_launch, launchable
 
     for name, deployment in deployments.items():
         schema = deployment.parameter_openapi_schema["properties"]
@@ -62,6 +63,11 @@ def test_every_deployment_runs_as_it_stands_or_is_refused_at_once_in_one_line(de
 
     recipe = deployments["train/deepseekmath-7b-sft"]
     assert recipe.parameters["config"]["num_updates"] == 1000  # the form opens on the recipe's values
+    # it opens on the site's only profile, the CPU test cluster's: `probepo check`'s checks warn
+    warnings = check_launch(**recipe.parameters).findings.warnings
+    assert any(
+        line.startswith("GPUs: the profile gives none to the jobs that load the model") for line in warnings
+    )
     with get_client(sync_client=True) as client:
         untouched = client.create_flow_run_from_deployment(recipe.id)  # Quick run
         for needs_a_run_id in ("resume/resume", "evaluate/evaluate"):  # their forms refuse at once
@@ -136,6 +142,10 @@ def test_a_resident_run_shows_progress_and_metrics_while_its_job_runs(
     assert _artifact(f"{run_id}-progress").data == 100.0
     assert [row["update"] for row in _rows(_artifact(f"{run_id}-metrics"))] == [0, 1, 2]
 
+    said = _flow_run_logs(created.id, until=lambda records: any("warm-up: " in r.message for r in records))
+    assert any(r.message.endswith("(reused: the driver job starts from it)") for r in said), (
+        said
+    )  # not the job's
     jobs = site.parent / "jobs" / run_id
     assert list((jobs / "tensorboard").glob("events.out.tfevents.*"))  # written by the job itself
     logs = subprocess.run([sys.executable, "-m", "probepo.cli", "logs", run_id, "--store", warm_store.url],

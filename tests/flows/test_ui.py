@@ -1,16 +1,20 @@
 """Prefect's UI in a real browser (Debian's Chromium, headless, driven by Selenium with the system
 chromedriver), logged in with the API's password: a preset's deployment opens its run form on the recipe,
 field by field with its descriptions (the 7B recipe's on resident, the site's profile a choice, executor,
-profile and store first); the testbed preset launched by changing two fields completes on the site's SLURM
-executor and its artifacts are listed on its page; a run shows its percent and curves while it trains,
-and after a Cancel its cancelled job's task run and our line; the form refuses a value out of range naming
+profile and store first, its groups described for its model's kind); the testbed preset launched by
+changing two fields completes on the site's SLURM executor and its artifacts are listed on its page (the
+metrics table's lead columns rounded, the curves over the whole run), and two nights of the nightly
+evaluation list its checkpoints, the second as reused; a run shows its percent and curves while it trains,
+and after a Cancel its cancelled job's task run and our line, kept after Prefect's runner has set its
+own; the form refuses a value out of range naming
 the field, and a cross-field error ends the flow run at once with one line shown on its page. Screenshots
 (and a failed wait's page as HTML) are kept in $PROBEPO_TEST_SCREENSHOTS (default out/ui-screenshots);
-docs/ui/ holds copies of those README shows."""
+docs/ui/ holds copies of those the site shows (docs/guides/prefect.md)."""
 
 from __future__ import annotations
 
 import os
+import re
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -18,10 +22,11 @@ from pathlib import Path
 
 import pytest
 
+from flows.train import cancel_line
 from probepo.config import RunConfig
 from tests.flows import NEEDS_PREFECT
 from tests.flows.conftest import TESTBED
-from tests.flows.test_deployments import _wait_for_end
+from tests.flows.test_deployments import _cancelled_for_good, _wait_for_end
 
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 pytestmark = [
@@ -111,7 +116,9 @@ def _log_in(driver, ui: str) -> None:
 def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_shows_its_artifacts(
     deployments, site, warm_store, browser
 ):
-    """The testbed preset, 2 updates instead of 1, on the site's SLURM executor: two fields changed."""
+    """The testbed preset, 2 updates instead of 1, on the site's SLURM executor: two fields changed. Its
+    metrics table leads with the few columns a user scans, rounded; its curves span the whole run with
+    their axis ranges; two nights of the nightly evaluation list its checkpoints, the second as reused."""
     from prefect import get_client
     from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
     from selenium.webdriver.common.by import By
@@ -137,11 +144,25 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
 
     browser.get(f"{ui}/runs/flow-run/{flow_run_id}")
     _tab(browser, "artifacts")
-    keys = (f"{run_id}-progress", f"{run_id}-metrics", f"{run_id}-curves", f"{run_id}-report")
-    _until(browser, lambda: all(key in _body(browser) for key in keys), "the run's four artifacts")
+    keys = [f"{run_id}-{what}" for what in ("progress", "metrics", "metrics-by-stage", "curves", "report")]
+    _until(browser, lambda: all(key in _body(browser) for key in keys), "the run's five artifacts")
     said = "100.0% (2 of 2 updates done)"
     _until(browser, lambda: said in _card(browser, f"{run_id}-progress"), "the progress card at 100.0%")
     browser.save_screenshot(str(SHOTS / "train-run-artifacts.png"))
+    _open_artifact(browser, f"{run_id}-metrics", "wall (s)")  # the lead table: what a user scans
+    shown = _body(browser)
+    assert all(column in shown for column in ("update", "accuracy %", "reward", "tokens", "wall (s)"))
+    assert "optimize/loss" not in shown  # every metric is in the stage table, not here
+    assert _decimals(shown) and all(_significant_digits(number) <= 4 for number in _decimals(shown)), shown
+    browser.save_screenshot(str(SHOTS / "train-run-metrics.png"))
+    browser.get(f"{ui}/runs/flow-run/{flow_run_id}")
+    _tab(browser, "artifacts")
+    _open_artifact(browser, f"{run_id}-curves", "lowest ")  # the whole run, between its axis ranges
+    shown = _body(browser)
+    assert "held-out accuracy (%): 2 points" in shown and "mean reward: 2 points" in shown
+    assert "lowest " in shown and "┤" in shown and "└" in shown
+    browser.save_screenshot(str(SHOTS / "train-run-curves.png"))
+    _nights_list_every_checkpoint_of_the_run(browser, ui, warm_store, run_id)
     with get_client(sync_client=True) as client:  # one metrics table for the run, kept current in place
         versions = client.read_artifacts(
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[f"{run_id}-metrics"]))
@@ -167,6 +188,9 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     shown = _body(browser)  # its own model's fields only, no warm-up
     assert "Pretrained (Optional)" in shown
     assert not [label for label in ("D Model", "Vocab Size", "Modulus", "Accuracy Low") if label in shown]
+    # its Model group described for a Hugging Face model; a `<placeholder>` of a docstring shown as written
+    assert "The policy: a Hugging Face causal language model, from its pretrained weights" in shown
+    assert "testbed GPT" not in shown and "<benchmarks_root>/math_train/train.jsonl" in shown
     browser.save_screenshot(str(SHOTS / "train-run-form-7b.png"))
 
 
@@ -175,7 +199,9 @@ def test_a_run_shows_its_percent_and_curves_while_it_trains_and_its_cancelled_jo
 ):
     """Three updates on the SLURM executor, update 1's sample job held before its commit: while it trains,
     the run's page shows its progress card at 33.3% (1 of 3 updates done) and its curves; cancelled from
-    the page, it shows the held job's task run Cancelled, naming the job, and our line as its state."""
+    the page, it shows the held job's task run Cancelled, naming the job, and our line (what ended, which
+    jobs, how to go on) as its final state message, after Prefect's runner has set its own; its log says
+    why Prefect logs the cancelled task run at ERROR."""
     from prefect import get_client
     from selenium.webdriver.common.by import By
 
@@ -208,19 +234,30 @@ def test_a_run_shows_its_percent_and_curves_while_it_trains_and_its_cancelled_jo
         assert client.read_flow_run(created.id).state.is_running()  # all this while it trains
     browser.save_screenshot(str(SHOTS / "train-run-training.png"))
     _cards(browser)[f"{run_id}-curves"].click()  # the chart, drawn from update 0 so far
-    _until(browser, lambda: "mean reward" in _body(browser) and "updates 0–0" in _body(browser), "the curves")
-    browser.save_screenshot(str(SHOTS / "train-run-curves.png"))
+    _until(browser, lambda: "mean reward: 1 point" in _body(browser), "the curves")
 
     browser.get(f"{ui}/runs/flow-run/{created.id}")  # the UI's Cancel, then its confirmation
     _button(browser, "Cancel").click()
     _button(browser, "Confirm").click()
-    run = _wait_for_end(created.id, timeout_s=120)
+    run = _cancelled_for_good(created.id)  # Prefect's runner set its generic line, then ours came back
     job = str(held["job_id"])
-    line = f"run {run_id} cancelled; jobs ended: {job}"
+    line = cancel_line(run_id, None, [job])
     assert run.state.is_cancelled() and run.state.message == line, run.state
+    assert line.endswith(f"; to go on, run the resume deployment with run_id {run_id}")
     browser.refresh()
     _tab(browser, "details")
-    _until(browser, lambda: _detail(browser, "State Message") == line, "our line as the run's state message")
+    said = f"run {run_id} cancelled; jobs ended: {job}; "  # what the page shows before its "See More"
+    _until(
+        browser, lambda: _detail(browser, "State Message").startswith(said), "our line as the state message"
+    )
+    browser.find_element(
+        By.CSS_SELECTOR, ".p-text-truncate--action-text"
+    ).click()  # "See More": the whole line
+    _until(browser, lambda: _detail(browser, "State Message") == f"{line} See Less", "our whole line")
+    browser.save_screenshot(str(SHOTS / "train-run-cancelled-run.png"))
+    _tab(browser, "logs")  # the ERROR Prefect's task engine logs for the cancelled job, explained after it
+    _until(browser, lambda: "Finished in state Cancelled" in _body(browser), "the task run's ERROR line")
+    _until(browser, lambda: "its level for every end but Completed; nothing failed" in _body(browser), "why")
     _tab(browser, "task-runs")
     task = f"sample · update 1 · job {job}"
     _until(browser, lambda: task in _body(browser), "the held job's task run")
@@ -258,6 +295,49 @@ def test_the_form_refuses_a_bad_field_and_the_flow_a_cross_field_error_in_one_li
     browser.get(f"{ui}/runs/flow-run/{flow_run_id}")
     _until(browser, lambda: "cannot be tokenized by the modchain task" in _body(browser), "the refusal")
     browser.save_screenshot(str(SHOTS / "train-run-refused.png"))
+
+
+def _nights_list_every_checkpoint_of_the_run(driver, ui: str, store, run_id: str) -> None:
+    """Two nights of the nightly evaluation on the finished run, in the worker's process: the first takes
+    the run's own evaluations of policies 0 and 2 and makes policy 1's; the second does nothing, yet its
+    table lists all three as reused, and its cost line names the executor."""
+    from flows.evaluate import nightly_eval
+    from probepo.config import CheckpointSelection
+
+    nights = [
+        nightly_eval(
+            store.url, selection=CheckpointSelection(runs=(run_id,)), executor="inline", return_state=True
+        )
+        for _ in range(2)
+    ]
+    assert [night.result() for night in nights] == [
+        {"evaluated": 1, "resumed": 0, "reused": 2, "exists": 0, "failed": 0},
+        {"evaluated": 0, "resumed": 0, "reused": 3, "exists": 0, "failed": 0},
+    ]
+    driver.get(f"{ui}/runs/flow-run/{nights[1].state_details.flow_run_id}")
+    _tab(driver, "artifacts")
+    cost = "executor inline: no jobs, every pair in the worker's process (no GPU-hours)"
+    _until(driver, lambda: cost in _card(driver, "nightly-eval-evaluations"), "the night's cost line")
+    _open_artifact(driver, "nightly-eval-evaluations", "reused")
+    _until(driver, lambda: _body(driver).count("reused") == 3, "the three checkpoints, reused")
+    driver.save_screenshot(str(SHOTS / "nightly-eval-table.png"))
+
+
+def _open_artifact(driver, key: str, showing: str) -> None:
+    """Open the artifact card `key` of the run page's artifacts tab, and wait for its page to show
+    `showing`."""
+    _until(driver, lambda: key in _cards(driver), f"the {key} card")
+    _cards(driver)[key].click()
+    _until(driver, lambda: showing in _body(driver), f"the {key} artifact's page")
+
+
+def _decimals(text: str) -> list[str]:
+    """The decimal numbers shown in `text` (not times, dates or ids)."""
+    return re.findall(r"(?<![\w.:/-])-?\d+\.\d+(?![\w.:/-])", text)
+
+
+def _significant_digits(number: str) -> int:
+    return len(number.lstrip("-").replace(".", "").lstrip("0"))
 
 
 def _give_run_id(driver, run_id: str) -> None:

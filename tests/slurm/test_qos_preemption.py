@@ -1,5 +1,5 @@
-"""A site that preempts by QOS (`PreemptType=preempt/qos`), on the cluster in a box's second controller
-(infra/slurm/qos-cluster.env: one node, partition batch with GraceTime 0, QOS standby — everyone's default,
+"""A site that preempts by QOS (`PreemptType=preempt/qos`), on a controller of the cluster in a box of its own
+(infra/slurm/clusters/qos.env: one node, partition batch with GraceTime 0, QOS standby — everyone's default,
 GraceTime 60 s — preempted by QOS urgent). SLURM's preempt/qos plugin takes a preempted job's grace from its
 QOS alone: `probepo check` reads it there, and a stage job and a resident driver preempted through their QOS
 commit, requeue themselves and end bitwise equal to an uninterrupted run."""
@@ -42,7 +42,7 @@ def preempt_with_an_urgent_job() -> None:
     )
 
 
-def test_check_reads_the_grace_time_from_the_jobs_qos_not_the_partition(qos_cluster, tmp_path):
+def test_check_reads_the_grace_time_from_the_jobs_qos_not_the_partition(slurm_cluster, tmp_path):
     recipe = tiny_config("probepo", store=str(tmp_path / "store")).model_dump(mode="json")
     found = check_launch(recipe, "slurm", _profile(tmp_path)).findings
     assert found.failures == [] and found.warnings == []  # the partition's GraceTime of 0 plays no part
@@ -64,7 +64,7 @@ def test_check_reads_the_grace_time_from_the_jobs_qos_not_the_partition(qos_clus
 
 
 def test_a_stage_preempted_through_its_qos_commits_requeues_and_resumes(
-    qos_cluster, warm_store, drill_baseline, tmp_path
+    slurm_cluster, warm_store, drill_baseline, tmp_path
 ):
     drill = Drill(warm_store, "qos-drill", tmp_path, _profile(tmp_path), drill_config())
     drill.pause = (AFTER_FIRST_MINIBATCH,)
@@ -83,7 +83,7 @@ def test_a_stage_preempted_through_its_qos_commits_requeues_and_resumes(
 
 
 def test_a_resident_driver_preempted_through_its_qos_requeues_and_replays(
-    qos_cluster, warm_store, tmp_path, every_update_reference
+    slurm_cluster, warm_store, tmp_path, every_update_reference
 ):
     """Preempted between two full checkpoints (policy 2 lives only in the job's memory), the driver commits
     at its next stage boundary, requeues itself, and replays optimize 0 and 1 from the store."""

@@ -33,9 +33,10 @@ from probepo.store import ArtifactStore, open_store
 from probepo.store.s3 import _session as store_sessions
 from slurm.job_ends import STORE_CAUSE
 from slurm.logs import log_path
+from tests.clusters import ROOT
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
 from tests.s3server import S3Server, isolated_aws_env
-from tests.slurm.conftest import ROOT, drill_config
+from tests.slurm.conftest import drill_config
 from tests.slurm.drill import Drill
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]

@@ -36,7 +36,7 @@ DIALECTS = {
     "moto": Conditionals(bare_if_match=False, conditional_delete=True),
     "rgw": Conditionals(bare_if_match=True, conditional_delete=False),
 }
-"""What each S3 implementation honours, as measured (README's store section lists it)."""
+"""What each S3 implementation honours, as measured (docs/guides/cluster.md, "The store on S3", lists it)."""
 
 
 def test_an_honest_endpoint_is_probed_once_and_remembered_with_its_dialect(

@@ -1,6 +1,7 @@
 """A train deployment's run form fitted to its recipe (flows/forms.py): the study's 7B recipe shows no
 testbed field and no warm-up, the testbed no Hugging Face field; executor, profile and run id come first
-and the store first in the recipe; the profile is a choice of the site's; and the deployment's own
+and the store first in the recipe; the profile is a choice of the site's; the groups are described for
+the model's kind and every description is markdown the UI shows whole; and the deployment's own
 parameters validate against its fitted form as the server checks them (enforce_parameter_schema); and
 probepo/config/kinds.py lists every field of the model and the task under its kinds, so that no field is
 added without saying which kinds' forms show it."""
@@ -14,7 +15,7 @@ import pytest
 from prefect.utilities.callables import parameter_schema
 from prefect.utilities.schema_tools import validate
 
-from flows.forms import fitted_schema, recipe_parameters
+from flows.forms import SECTION_DESCRIPTIONS, fitted_schema, recipe_parameters, ui_markdown
 from flows.train import train
 from probepo.config import RunConfig
 from probepo.config.kinds import MODEL_COMMON, MODEL_FIELDS, SECTIONS_OF_MODEL, TASK_COMMON, TASK_FIELDS
@@ -56,8 +57,33 @@ def test_the_testbeds_form_keeps_its_model_and_warm_up_and_takes_any_profile_wit
     form = fitted_schema(SCHEMA, RunConfig(), [])
     assert "warmup" in _shown(form, "RunConfig") and "d_model" in _shown(form, "ModelConfig")
     assert "pretrained" not in _shown(form, "ModelConfig") and "eval_set" not in _shown(form, "TaskConfig")
-    assert form["properties"]["profile"] == SCHEMA["properties"]["profile"] | {"position": 1}
+    unfitted = ("description", "position")  # the flow's own type: no choice of the site's
+    assert {k: v for k, v in form["properties"]["profile"].items() if k not in unfitted} == {
+        k: v for k, v in SCHEMA["properties"]["profile"].items() if k not in unfitted
+    }
+    assert form["properties"]["profile"]["position"] == 1
     assert validate({"config": recipe_parameters(RunConfig())}, form) == []
+
+
+def test_each_form_describes_the_groups_for_its_models_kind_in_markdown_the_ui_shows_whole():
+    for recipe in (RunConfig(), load_run_config(CONFIGS / "deepseekmath-7b-sft.yaml")):
+        sections = fitted_schema(SCHEMA, recipe, PROFILES)["definitions"]["RunConfig"]["properties"]
+        for section, description in SECTION_DESCRIPTIONS[recipe.model.kind].items():
+            assert sections[section]["description"] == description
+    hf = fitted_schema(SCHEMA, load_run_config(CONFIGS / "deepseekmath-7b-sft.yaml"), PROFILES)
+    assert "testbed" not in hf["definitions"]["RunConfig"]["properties"]["model"]["description"]
+    sources = hf["definitions"]["TaskConfig"]["properties"]["train_sources"]["description"]
+    assert "staged by the user as \\<benchmarks_root>/math_train/train.jsonl)" in sources  # not an HTML tag
+    executor = hf["properties"]["executor"]["description"]  # its wrapped `> 1` is no quote: one line
+    assert "\n" not in executor and "as checkpoint_every > 1 needs" in executor
+
+
+def test_ui_markdown_joins_wrapped_lines_keeps_paragraphs_and_escapes_tags_outside_code():
+    text = "Staged as <root>/a.jsonl, a\n> 1 line; `<kept>` as code.\n\nA second\n  paragraph."
+    assert (
+        ui_markdown(text)
+        == "Staged as \\<root>/a.jsonl, a > 1 line; `<kept>` as code.\n\nA second paragraph."
+    )
 
 
 @pytest.mark.parametrize(

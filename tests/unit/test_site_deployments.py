@@ -41,11 +41,20 @@ def test_every_preset_is_a_train_deployment_opening_on_it_with_the_sites_default
     profile = str(tmp_path / "profile.yaml")
     assert recipe["parameters"]["executor"] == "resident" and recipe["parameters"]["profile"] == profile
     assert made["team"]["parameters"]["config"]["num_updates"] == 3
-    assert made["team"]["description"] == "Our recipe. (recipes/team.yaml)"
+    opens = "opens on the store s3://team/runs and the executor resident."
+    assert made["team"]["description"] == f"Our recipe. (recipes/team.yaml); {opens}"
+    # a first sentence that wraps, and not the launch line after it
+    assert made["qwen3-4b-base"]["description"].startswith(
+        "The study's Qwen3-4B-Base recipe: ProbePO, 27 updates on the MATH train split, Avg-6 of the six"
+        " benchmarks. (configs/qwen3-4b-base.yaml); opens on"
+    )
     nightly = {"store": "s3://team/runs", "executor": "slurm", "profile": profile}
     nightly |= {"selection": {"latest": True}, "max_parallel": 8}  # prefect.yaml's: a night fit for a cluster
     assert made["nightly-eval"]["parameters"] == nightly
     assert made["nightly-eval"]["schedules"][0]["cron"] == "0 2 * * *"  # the rest of prefect.yaml kept
+    assert made["nightly-eval"]["description"].endswith(
+        " It opens on the store s3://team/runs and the executor slurm."
+    )
     assert made["resume"]["parameters"]["executor"] == "resident"
 
 
@@ -105,7 +114,9 @@ def test_staged_recipes_deploy_side_by_side_named_after_their_folders(tmp_path):
     assert "recipe" not in made
     assert made["dsm7b"]["parameters"]["config"]["num_updates"] == 3
     assert made["qwen4b"]["parameters"]["config"]["num_updates"] == 5
-    assert made["qwen4b"]["description"] == "the recipe of recipe.yaml (qwen4b/recipe.yaml)"
+    assert made["qwen4b"]["description"].startswith(
+        "the recipe of recipe.yaml (qwen4b/recipe.yaml); opens on"
+    )
 
 
 def test_the_example_site_file_copied_to_the_checkouts_root_loads(tmp_path):

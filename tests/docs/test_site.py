@@ -1,0 +1,210 @@
+"""The documentation site, built as `bash scripts/docs --build-only` builds it, with warnings as errors (a
+broken cross-reference, a missing page or a bad directive fails the build), and what its generated pages
+must hold: every field of a recipe, an execution profile, a site file and a checkpoint selection with its
+docstring, every command and option of the CLI's own parser, every row of the benchmark tables of
+bench/results/, and the UI tests' latest screenshots. The README's links lead to files of the repository.
+About 15 s on one core."""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import types
+from collections.abc import Iterator
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, Union, get_args, get_origin
+
+import pytest
+import typer.main
+from pydantic import BaseModel
+
+from probepo.cli import app
+from probepo.config import CheckpointSelection, ExecutionProfile, RunConfig, SiteConfig
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.timeout(300)
+
+
+class PageText(HTMLParser):
+    """A page's visible text, whitespace collapsed, and where each heading starts in it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pieces: list[str] = []
+        self.headings: list[tuple[str, int]] = []
+        self._heading: list[str] | None = None
+        self._hidden = 0
+
+    def handle_starttag(self, tag, attrs):
+        if tag in ("script", "style"):
+            self._hidden += 1
+        if re.fullmatch(r"h[1-6]", tag):
+            self._heading = []
+
+    def handle_endtag(self, tag):
+        if tag in ("script", "style"):
+            self._hidden -= 1
+        if re.fullmatch(r"h[1-6]", tag) and self._heading is not None:
+            self.headings.append((_collapsed("".join(self._heading)).rstrip("#¶ "), len(self.text)))
+            self._heading = None
+
+    def handle_data(self, data):
+        if self._hidden:
+            return
+        self.pieces.append(data)
+        if self._heading is not None:
+            self._heading.append(data)
+
+    @property
+    def text(self) -> str:
+        return _collapsed("".join(self.pieces))
+
+    def section(self, title: str) -> str:
+        """The text from the heading `title` to the next heading."""
+        starts = [start for heading, start in self.headings if heading == title]
+        assert starts, f"no heading {title!r} (headings: {[h for h, _ in self.headings]})"
+        following = [start for _, start in self.headings if start > starts[0]]
+        return self.text[starts[0] : min(following, default=len(self.text))]
+
+
+def _collapsed(text: str) -> str:
+    return re.sub(r"\s+", " ", html.unescape(text)).strip()
+
+
+def _page(site: Path, name: str) -> PageText:
+    parsed = PageText()
+    parsed.feed((site / name).read_text())
+    return parsed
+
+
+def _plain(markdown: str) -> str:
+    """Text to compare with a page's: no code-span backticks, and no `*` (emphasis marks in markdown)."""
+    return _collapsed(markdown.replace("`", "").replace("*", ""))
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory) -> Path:
+    """A screenshot the UI tests took after docs/ui/'s copy: the site must show it."""
+    folder = tmp_path_factory.mktemp("ui-screenshots")
+    shutil.copyfile(ROOT / "docs" / "ui" / "train-run-refused.png", folder / "train-run-form.png")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory, screenshots) -> Path:
+    out = tmp_path_factory.mktemp("site")
+    env = {**os.environ, "PROBEPO_TEST_SCREENSHOTS": str(screenshots)}
+    built = subprocess.run(
+        ["bash", "scripts/docs", "--build-only", "--out", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert built.returncode == 0, f"the site does not build cleanly:\n{built.stdout}\n{built.stderr}"
+    return out
+
+
+def _models_in(annotation: Any) -> list[tuple[type[BaseModel], str]]:
+    """The models a field's annotation holds, each with what its fields' paths add (`.<key>` in a mapping)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [(annotation, "")]
+    args = get_args(annotation)
+    if get_origin(annotation) in (Union, types.UnionType):
+        return [found for arg in args for found in _models_in(arg)]
+    if get_origin(annotation) is dict:
+        return [(model, ".<key>") for model, _ in _models_in(args[1])]
+    return []
+
+
+def fields_of(model: type[BaseModel], prefix: str = "", seen: set | None = None) -> Iterator[tuple[str, str]]:
+    """(path, description) of every field, nested ones by their dotted path; a model met again (a
+    stage's entry has the fields of `defaults`) is documented where it was first met."""
+    seen = set() if seen is None else seen
+    seen.add(model)
+    for name, field in model.model_fields.items():
+        path = f"{prefix}{name}"
+        yield path, field.description or ""
+        for nested, key in _models_in(field.annotation):
+            if nested not in seen:
+                yield from fields_of(nested, f"{path}{key}.", seen)
+
+
+@pytest.mark.parametrize(
+    ("page", "model"),
+    [
+        ("reference/recipe.html", RunConfig),
+        ("reference/profile.html", ExecutionProfile),
+        ("reference/site.html", SiteConfig),
+        ("reference/site.html", CheckpointSelection),
+    ],
+)
+def test_every_field_is_in_the_reference_with_its_docstring(site, page, model):
+    text = _page(site, page).text.replace("*", "")
+    fields = list(fields_of(model))
+    assert len(fields) >= 5
+    assert not [path for path, _ in fields if path not in text], "fields missing from the reference"
+    assert not [path for path, about in fields if _plain(about) not in text], "docstrings missing"
+
+
+def _commands(command: Any, path: tuple[str, ...] = ("probepo",)) -> Iterator[tuple[str, Any]]:
+    yield " ".join(path), command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, (*path, name))
+
+
+def test_every_command_and_option_is_in_the_cli_reference(site):
+    page = _page(site, "reference/cli.html")
+    commands = list(_commands(typer.main.get_command(app)))
+    assert {"probepo train", "probepo resume", "probepo store gc"} <= {name for name, _ in commands}
+    for name, command in commands:
+        section = page.section(name).replace("*", "")
+        for parameter in command.params:
+            if parameter.param_type_name == "option":
+                assert all(flag in section for flag in parameter.opts), f"{name}: {parameter.opts} missing"
+            assert _plain(parameter.help or "") in section, f"{name}: the help of {parameter.name} missing"
+
+
+def test_every_row_of_the_benchmark_tables_is_in_the_site(site, monkeypatch):
+    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # each bench's own `markdown` renders its tables
+    import overhead
+    import real_lm
+    import science_output
+
+    results = {name: json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text()) for name in
+               ("overhead", "real_lm", "science")}  # fmt: skip
+    tables = "\n".join(
+        [
+            overhead.markdown(results["overhead"]),
+            real_lm.markdown(results["real_lm"]),
+            science_output.markdown(results["science"]["testbeds"]),
+        ]
+    )
+    rows = [line for line in tables.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    text = _page(site, "BENCHMARKS.html").text.replace("*", "")
+    assert len(rows) > 40
+    shown = [" ".join(_plain(cell) for cell in row.strip("| ").split(" | ")) for row in rows]
+    missing = [row for row in shown if row not in text]
+    assert not missing, f"benchmark rows the site lacks: {missing[:3]}"
+
+
+def test_the_site_shows_the_ui_tests_latest_screenshots(site, screenshots):
+    images = site / "_images"
+    assert (images / "train-run-form.png").read_bytes() == (screenshots / "train-run-form.png").read_bytes()
+    committed = ROOT / "docs" / "ui" / "train-run-artifacts.png"  # the tests took none newer of this one
+    assert (images / committed.name).read_bytes() == committed.read_bytes()
+
+
+def test_the_readme_fits_a_screen_or_two_and_its_links_lead_to_files():
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) <= 12 * 1024
+    targets = re.findall(r"\]\(([^)\s]+)\)", readme)
+    local = [target.split("#", 1)[0] for target in targets if not re.match(r"[a-z]+:", target)]
+    assert "docs/guides/cluster.md" in local
+    assert not [target for target in local if not (ROOT / target).exists()], "README links to nothing"
