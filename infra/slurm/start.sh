@@ -317,9 +317,35 @@ FLUSH PRIVILEGES;
 EOF
 
 # ---- slurmdbd (daemonises; creates its tables on first start) ----
-log "starting slurmdbd"
-slurmdbd 9>&-
-wait_for 60 slurmdbd sacctmgr -n list cluster
+# slurmdbd can exit within a second of its start while MariaDB has only just come up (seen in CI with six
+# clusters starting at once: "We should have gotten a result", then "fatal: Unable to initialize
+# accounting_storage/mysql"): start it again, as systemd's Restart=on-failure would, up to three times.
+start_slurmdbd() {
+  local attempt started
+  for attempt in 1 2 3; do
+    log "starting slurmdbd"
+    rm -f "$(pidfile_of slurmdbd)"
+    slurmdbd 9>&-
+    started=$SECONDS
+    until sacctmgr -n list cluster >/dev/null 2>&1; do
+      # The pid file appears once slurmdbd has daemonised: give it two seconds before calling it gone.
+      if ((SECONDS - started >= 2)) && ! live_pid slurmdbd >/dev/null; then
+        log "slurmdbd exited at start (attempt $attempt); the end of $LOG/slurmdbd.log:"
+        tail -n 4 "$LOG/slurmdbd.log" >&2
+        continue 2
+      fi
+      if ((SECONDS - started >= 60)); then
+        log "timed out after 60s waiting for slurmdbd; the end of $LOG/slurmdbd.log:"
+        tail -n 8 "$LOG/slurmdbd.log" >&2
+        return 1
+      fi
+      sleep 0.2
+    done
+    return 0
+  done
+  return 1
+}
+start_slurmdbd
 
 # Register the cluster before slurmctld starts so that it registers with slurmdbd at once.
 if [[ -z $(sacctmgr -n -P list cluster "$CLUSTER" format=cluster) ]]; then
