@@ -45,13 +45,14 @@ from checkpoint import QWEN_100M
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from probepo.checks.spend import recipe_shape  # noqa: E402
 from probepo.config import ExecutionProfile, RunConfig, StageResources  # noqa: E402
 from probepo.pipeline import train  # noqa: E402
 from probepo.presets import load_profile, load_run_config  # noqa: E402
 from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
 from probepo.spend_model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
-from slurm.check_spend import recipe_shape  # noqa: E402
+from slurm.executors import executor_for  # noqa: E402
 from slurm.local_backend import LocalBackend  # noqa: E402
 from slurm.runner import DriverJobRunner  # noqa: E402
 from tests.hf.tiny_qwen import qwen_config, qwen_tokenizer  # noqa: E402
@@ -183,7 +184,7 @@ def study_shape(name: str, parameters: int, tied: int) -> UpdateShape:
     check` sees it."""
     config = load_run_config(ROOT / "configs" / f"{name}.yaml")
     profile = load_profile(ROOT / "configs" / "profiles" / "h200-node.yaml")
-    return recipe_shape(config, profile, "resident", parameters, tied)
+    return recipe_shape(config, profile, executor_for("resident"), parameters, tied)
 
 
 def at_7b(bandwidths: Any) -> dict[str, Any]:

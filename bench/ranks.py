@@ -48,8 +48,7 @@ from probepo.execution import StageRequest, execute_stage
 from probepo.models.gpt import GPT
 from probepo.pipeline import ensure_warmup, freeze_recipe
 from probepo.presets import load_run_config
-from probepo.schedule import Stage
-from probepo.stages.common import ROLLOUTS
+from probepo.schedule import ROLLOUTS, Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, open_store
 from slurm import make_runner

@@ -4,7 +4,7 @@
 The run config is the flow's parameter, so a deployment's run form is the pydantic model (its field
 docstrings are the form's descriptions) opened on the deployment's preset (flows/deployments.py). The form
 checks each field against the schema; the flow checks the rest before anything is submitted — the rules
-across fields, the profile, the model's and data's files, the store (probepo.preflight) — and refuses a
+across fields, the profile, the model's and data's files, the store (probepo/checks/) — and refuses a
 run that fails with a one-line state message and a markdown artifact, no traceback.
 
 What the UI shows per run, whatever the executor (flows/artifacts.py): its progress (a percent, the
@@ -30,12 +30,13 @@ from prefect.states import Failed, State
 
 from flows.artifacts import Published, publish_costs, publish_report, refused, show_resume_point
 from flows.runner import PrefectStageRunner, cancel_requested, end_cancelled
+from probepo.checks.environment import WORKER_ENV_EXAMPLE, missing_environment
+from probepo.checks.findings import Refused
 from probepo.config import RunConfig
 from probepo.errors import ExecutionError
 from probepo.pipeline import recorded_updates
 from probepo.pipeline import train as drive
 from probepo.preemption import Preempted
-from probepo.preflight import WORKER_ENV_EXAMPLE, Refused, missing_environment
 from probepo.presets import ConfigError, validate_run_config, with_overrides
 from probepo.schedule import Stage
 from probepo.stages.warmup import warmup_run_id

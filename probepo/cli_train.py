@@ -14,6 +14,7 @@ import typer
 import yaml
 
 from probepo import __version__
+from probepo.checks.findings import Refused
 from probepo.cli_runs import fail
 from probepo.cli_site import Execution, ExecutorOption, ProfileOption, run_execution
 from probepo.config import ExecutionProfile, RunConfig
@@ -74,7 +75,6 @@ def _checked(
     """The executor and profile of a run of `config` (`run_execution`; said where taken by default), its
     stage runner and profile (its checkpoint retention), after the checks `probepo check` makes on `store`
     (refused in one line, exit 2) or, with `check` off, which it says, only what the run needs to start."""
-    from probepo.preflight import Refused
     from slurm.check import launchable
 
     try:

@@ -21,7 +21,7 @@ from probepo.config import Retention, RunConfig
 from probepo.preemption import Preempted
 from probepo.schedule import Stage
 from probepo.stages.context import StageContext
-from probepo.stages.policy import ResidentEngines
+from probepo.stages.policy import PolicyEngines
 from probepo.stages.runners import STAGES
 from probepo.store import AlreadyCommitted, ArtifactStore, AttemptOutcome, open_store
 
@@ -137,7 +137,7 @@ class InlineRunner:
     resident = True
 
     def __init__(self, job_id: str | None = None) -> None:
-        self.engines = ResidentEngines()
+        self.engines = PolicyEngines()
         self.job_id = job_id
 
     def run(self, request: StageRequest, ctx: StageContext) -> None:
@@ -145,7 +145,7 @@ class InlineRunner:
         try:
             execute_stage(ctx, request.stage, self.job_id)
         except BaseException:
-            self.engines.clear()  # the stage may have left an engine half-changed
+            self.engines.release()  # the stage may have left an engine half-changed
             raise
 
 
@@ -176,7 +176,7 @@ def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> Non
     stage, or after a stage stopped at a safe point: Preempted, raised on every rank at once). Should rank
     0 die, the group's collectives fail here and this process ends with them."""
     store = open_store(request.store_url)
-    engines = ResidentEngines()
+    engines = PolicyEngines()
     while (order := distributed.broadcast_json()) is not None:
         ctx = StageContext(
             store,
@@ -192,7 +192,7 @@ def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> Non
         except AlreadyCommitted:
             pass  # another attempt committed it first, as rank 0 found too
         except Preempted:
-            engines.clear()  # rank 0 stops too, then tells this rank to finish
+            engines.release()  # rank 0 stops too, then tells this rank to finish
         except BaseException:
-            engines.clear()
+            engines.release()
             raise

@@ -22,7 +22,7 @@ from probepo.evaluations import retain_checkpoints
 from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
 from probepo.preemption import Preempted, StopFlag
 from probepo.presets import ConfigError
-from probepo.schedule import Stage, full_checkpoint, resident_refusal, stages_for_update
+from probepo.schedule import STAGES, Stage, full_checkpoint, resident_refusal, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (
@@ -166,8 +166,8 @@ def _train(
             summaries = {}
             for stage in _update_stages(config, update):
                 summaries[stage] = drive_stage(ctx, stage, runner, progress)
-                if stage == Stage.OPTIMIZE and _full_after(config, update):
-                    prune_parts(store, run_id, (update,))  # resume points of an optimize now committed
+                if STAGES[stage].commits_next_checkpoint and _full_after(config, update):
+                    prune_parts(store, run_id, (update,))  # its parts: resume points nothing reads again
                     if retention is not None and not retention.keeps_everything:
                         retain_checkpoints(store, run_id, retention)
                 lease.check()
@@ -181,8 +181,9 @@ def _train(
 
 
 def _full_after(config: RunConfig, update: int) -> bool:
-    """Whether update k's optimize committed policy k + 1 in full (and its parts): only then has retention
-    work (a new full checkpoint changes what it keeps) and parts to prune."""
+    """Whether update k's stage that commits the next checkpoint (optimize) committed policy k + 1 in full
+    (and its parts): only then has retention work (a new full checkpoint changes what it keeps) and parts
+    to prune."""
     return full_checkpoint(update + 1, num_updates=config.num_updates, every=config.checkpoint_every)
 
 

@@ -3,6 +3,10 @@
 Every invalid value is reported as one line naming where it came from (the preset file, or the command-line
 option that set it), the dotted field, what was wrong, what is allowed, and for a misspelt field the
 nearest existing one (`group_sze` → `group_size`).
+
+A recipe composed here (the presets' loader, the CLI's overrides, the flows' parameter check through
+`validate_run_config`) also fits its task (`task_problems`): those rules build the task, its tokenizer or
+read the benchmark registry, which the configuration models below them never import.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
 from probepo.config import ExecutionProfile, RunConfig, SiteConfig
-from probepo.recipe_checks import task_problems
+from probepo.config.run import TESTBED_TASKS
+from probepo.data import build_task
+from probepo.data.benchmarks import BENCHMARKS
 
 
 class ConfigError(ValueError):
@@ -126,7 +132,7 @@ def explain(
 def validate_run_config(
     data: Mapping[str, Any], source: str, blame: Mapping[str, str] | None = None
 ) -> RunConfig:
-    """RunConfig.model_validate, then what the recipe needs of its task (probepo.recipe_checks), with a
+    """RunConfig.model_validate, then what the recipe needs of its task (`task_problems`), with a
     ConfigError naming every problem on failure."""
     try:
         config = RunConfig.model_validate(data)
@@ -148,6 +154,46 @@ def fitting_its_task(config: RunConfig, source: str) -> RunConfig:
     if problems:
         raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
     return config
+
+
+def task_problems(config: RunConfig) -> list[str]:
+    """Each way `config` does not fit its task, as a line naming the fields and what to do; [] if none.
+    A testbed recipe builds its task (cheap: a tokenizer of a few symbols); a maths recipe's benchmark
+    names are checked against the registry, its model's context when the model is loaded."""
+    if config.task.kind not in TESTBED_TASKS:
+        return _benchmark_problems(config)
+    task = build_task(config.task)
+    problems = []
+    if config.model.vocab_size != task.tokenizer.vocab_size:
+        problems.append(
+            f"model.vocab_size = {config.model.vocab_size} but the {config.task.kind} task's tokenizer has"
+            f" {task.tokenizer.vocab_size} tokens: set model.vocab_size = {task.tokenizer.vocab_size}"
+        )
+    algo = config.algo
+    try:
+        suffix = task.tokenizer.encode(algo.rescue_suffix) if algo.rescue_tokens else []
+    except ValueError as exc:
+        problems.append(
+            f"algo.rescue_suffix = {algo.rescue_suffix!r} cannot be tokenized by the {config.task.kind}"
+            f" task ({exc}): use the task's own suffix {task.rescue_suffix!r} (or algo.rescue_tokens = 0)"
+        )
+        return problems
+    rescue = len(suffix) + algo.rescue_tokens if suffix else 0
+    longest = task.longest_prompt() + config.sampling.max_tokens + rescue
+    if longest > config.model.context:
+        problems.append(
+            f"model.context = {config.model.context} is shorter than the longest prompt +"
+            f" sampling.max_tokens + rescue = {longest} tokens: raise model.context or lower"
+            " sampling.max_tokens"
+        )
+    return problems
+
+
+def _benchmark_problems(config: RunConfig) -> list[str]:
+    unknown = [name for name in (*config.eval.benchmarks, config.task.eval_set) if name not in BENCHMARKS]
+    if not unknown:
+        return []
+    return [f"eval.benchmarks / task.eval_set name {', '.join(unknown)}: choose from {', '.join(BENCHMARKS)}"]
 
 
 def _read_yaml(path: str | PathLike[str], what: str) -> dict[str, Any]:

@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probepo.checks.data import benchmark_names
 from probepo.config import RunConfig
-from probepo.preflight import benchmark_names
 
 MANIFEST = "manifest.json"
 RECIPE = "recipe.yaml"

@@ -14,10 +14,10 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
+from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRequest
-from probepo.preflight import Findings
 from slurm import accounting
 from slurm.accounting import JobCost, JobInfo
 

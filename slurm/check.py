@@ -1,8 +1,9 @@
 """`probepo check` and the launch checks of the flows: a recipe, an execution profile, an executor and a
-store checked together before anything is submitted — the recipe's rules, the model's files, the data, the
-store (probepo/preflight.py), each job's memory and the evaluation's shards (slurm/check_jobs.py) and the
-site of the executor's backend (slurm/site.py) — and, on request, a one-minute probe job that imports what
-the recipe needs in the job's own interpreter.
+store checked together before anything is submitted. This module builds the launch (the recipe, the
+profile, the executor and its backend answering) and runs probepo/checks/ over it — the recipe's rules,
+the model's files, the data, the store, each job's ranks, GPUs and memory, the evaluation's shards, the
+spend, the jobs' credentials and environment, and the site of the executor's backend (slurm/site.py) — and,
+on request, a one-minute probe job that imports what the recipe needs in the job's own interpreter.
 """
 
 from __future__ import annotations
@@ -11,35 +12,28 @@ import dataclasses
 import functools
 import importlib
 import os
-import shlex
 import shutil
 import socket
 import sys
 import tempfile
 import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from probepo.checks import launch as checks
+from probepo.checks import recipe
+from probepo.checks.findings import Findings
+from probepo.checks.model import tied_parameters
+from probepo.checks.spend import scratch_need
+from probepo.checks.store import store_findings
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.errors import ExecutionError
 from probepo.execution import StageRunner
-from probepo.job_credentials import job_credential_findings
-from probepo.preflight import (
-    Findings,
-    invalid_recipe_preflight,
-    preflight,
-    store_findings,
-    tied_parameters,
-)
-from probepo.presets import ConfigError, load_profile, validate_run_config
-from probepo.schedule import Stage, resident_refusal
+from probepo.presets import ConfigError, load_profile
+from probepo.schedule import Stage
 from slurm.backends import Backend
-from slurm.check_jobs import evaluation_shard_findings, gpu_findings, memory_findings
-from slurm.check_spend import scratch_need, spend_findings
 from slurm.executors import Executor, executor_for
-from slurm.ranks import generation_rank_findings
 
 PROBE_JOB_WAIT_S = 300.0
 """How long `--probe-job` waits for its job (pending included) before it cancels it and says so."""
@@ -76,36 +70,34 @@ def check_launch(
     that fails validation still has its model, store and checkpoint_every checked; a bad profile, an
     unknown executor). `thorough` off: only what a run needs to start (the recipe, the profile, the
     executor and its backend answering)."""
-    found = Findings()
     data = config.model_dump(mode="json") if isinstance(config, RunConfig) else dict(config)
     if store is not None:
         data["store"] = store
-    checked = Checked(found)
-    try:
-        checked.config = validate_run_config(data, source)
-        c = checked.config
-        found.passed.append(
-            f"recipe: {source}: {c.algo.algorithm} on {c.task.kind} with the {c.model.kind} model,"
-            " every rule across fields holds"
-        )
-    except ConfigError as exc:
-        found.failures += str(exc).splitlines()
+    parsed, found = recipe.parsed(data, source)
+    checked = Checked(found, parsed)
     _execution_parts(checked, executor, profile, thorough)
     if not thorough:
         return checked
-    found.extend(_recipe_findings(checked, data, executor))
-    found.extend(_job_credential_findings(checked, data))  # said whether the backend answers or not
+    launch = checks.Launch(data, parsed, checked.profile, executor, checked.executor, checked.backend)
+    found.extend(checks.check_launch(launch))
+    checked.scratch_bytes = _scratch_bytes(launch)
     backend = checked.backend
-    if backend is None or checked.profile is None or checked.executor is None:
+    if backend is None:
         if probe_job and checked.executor is not None and checked.executor.in_process:
             found.warnings.append(f"--probe-job: executor {executor} runs no jobs, so none was submitted")
         return checked
-    found.extend(_python_findings(checked.profile))
-    found.extend(site_way_findings(checked.profile, checked.executor.stages))
-    found.extend(backend.site_findings(checked.executor.stages))
     if probe_job and not found.failures:
         found.extend(run_probe_job(checked, backend))
     return checked
+
+
+def _scratch_bytes(launch: checks.Launch) -> int | None:
+    """What the trainer's job writes to its node's scratch in one update, for the probe job's $TMPDIR."""
+    config, profile, executor = launch.config, launch.profile, launch.executor
+    model = launch.model[1]
+    if config is None or profile is None or executor is None or model.parameters is None:
+        return None
+    return scratch_need(config, profile, executor, model.parameters, tied_parameters(model.folder))
 
 
 def _execution_parts(
@@ -132,48 +124,6 @@ def _execution_parts(
         found.failures += str(exc).splitlines()
 
 
-def _recipe_findings(checked: Checked, data: dict[str, Any], executor: str) -> Findings:
-    """What the recipe's jobs would meet: its model's files and memory, its data, its store, what an update
-    spends under the executor, and whether the executor can run its checkpoint_every. Of a recipe that
-    failed validation, what can be checked of it still (`invalid_recipe_preflight`, checkpoint_every)."""
-    config = checked.config
-    if config is None:
-        found = invalid_recipe_preflight(data)
-        checkpoint_every = data.get("checkpoint_every", 1)
-    else:
-        found, model = preflight(config)
-        if checked.profile and checked.executor:
-            found.extend(generation_rank_findings(config, checked.profile, checked.executor.stages))
-            found.extend(gpu_findings(config, checked.profile, checked.executor))
-        if model.parameters is not None and checked.profile and checked.executor:
-            found.extend(memory_findings(config, checked.profile, checked.executor, model.parameters))
-            found.extend(evaluation_shard_findings(config, checked.profile, checked.executor))
-            tied = tied_parameters(model.folder)
-            found.extend(spend_findings(config, checked.profile, executor, model.parameters, tied))
-            checked.scratch_bytes = scratch_need(config, checked.profile, executor, model.parameters, tied)
-        checkpoint_every = config.checkpoint_every
-    if not isinstance(checkpoint_every, int) or isinstance(checkpoint_every, bool):
-        return found  # not a number: its field's failure says so
-    refusal = resident_refusal(checkpoint_every)
-    if refusal and checked.executor is not None and not checked.executor.resident:
-        found.failures.append(f"executor {executor}: {refusal}")
-    return found
-
-
-def _job_credential_findings(checked: Checked, data: dict[str, Any]) -> Findings:
-    """An S3 store's credentials as the executor's jobs receive them (probepo/job_credentials.py): every
-    backend's jobs get only the profile's allow-listed environment, the local executor's included; jobs
-    that run in this process have this process's."""
-    store = checked.config.store if checked.config is not None else data.get("store")
-    profile, executor = checked.profile, checked.executor
-    if profile is None or executor is None or executor.in_process:
-        return Findings()
-    if not isinstance(store, str) or not store.startswith("s3://"):
-        return Findings()
-    longest = max(profile.resources(stage).time_min for stage in executor.stages)
-    return job_credential_findings(store, profile.exported(dict(os.environ)), longest)
-
-
 def launchable(
     config: RunConfig | dict[str, Any],
     executor: str,
@@ -191,51 +141,6 @@ def launchable(
     assert checked.config is not None and checked.profile is not None and checked.executor is not None
     runner = checked.executor.runner(checked.backend, checked.profile)  # its backend checked already
     return checked.config, checked.profile, runner, checked.findings.warnings
-
-
-def _python_findings(profile: ExecutionProfile) -> Findings:
-    """The profile's `python` prefix names a program this node has (the compute nodes must have it too:
-    `--probe-job` runs it there)."""
-    if profile.python is None:
-        return Findings()
-    try:
-        program = shlex.split(profile.python)[0]
-    except (ValueError, IndexError):
-        problem = f"profile python = {profile.python!r}: not a command line: fix the profile"
-        return Findings(failures=[problem])
-    if shutil.which(program) is None:
-        return Findings(
-            warnings=[
-                f"profile python = {profile.python!r}: {program} is not on this node's PATH; the compute"
-                " nodes must have it (`probepo check --probe-job` runs it there)"
-            ]
-        )
-    return Findings(passed=[f"python: jobs start `{profile.python}`"])
-
-
-def site_way_findings(profile: ExecutionProfile, stages: Iterable[str]) -> Findings:
-    """Two ways of a site that a job's batch script does not provide by itself. pyxis starts the ranks in
-    the image (`--container-image` among srun_args), where `python:` should name the image's interpreter
-    (`python3`): unset, the job starts this machine's interpreter path inside the image. Lmod's `module`
-    is a shell function the batch script (a non-login shell, the environment cut to the allow-list) does
-    not have: a `module` setup line needs the site's Lmod init sourced before it."""
-    found = Findings()
-    for where, resources in {profile.entry(stage): profile.resources(stage) for stage in stages}.items():
-        if profile.python is None and any(arg.startswith("--container-image") for arg in resources.srun_args):
-            found.warnings.append(
-                f"{where}: srun_args start the ranks in a container image, and the profile's python is"
-                f" unset, so they run {sys.executable} inside it: set `python: python3` (the image's"
-                " interpreter, with probepo installed in the image)"
-            )
-        commands = [line.split()[:1] for line in resources.setup]
-        before = commands[: commands.index(["module"])] if ["module"] in commands else None
-        if before is not None and ["source"] not in before and ["."] not in before:
-            found.warnings.append(
-                f"{where}: a setup line runs `module`, which the job's batch script lacks (a non-login shell"
-                " given only the allow-listed environment): source the site's Lmod init before it, e.g."
-                " `source /etc/profile.d/lmod.sh` (or `source $LMOD_PKG/init/bash`)"
-            )
-    return found
 
 
 def _trainer_stage(executor: Executor) -> Stage:

@@ -13,7 +13,7 @@ from typing import Literal
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
 from probepo.execution import InlineRunner, StageRunner
-from probepo.schedule import Stage, resident_refusal
+from probepo.schedule import STAGES, Stage, resident_refusal
 from slurm.backends import Backend, SlurmBackend
 from slurm.local_backend import LocalBackend
 from slurm.runner import DriverJobRunner, JobRunner
@@ -46,8 +46,8 @@ class Executor:
         return self.backend is None
 
 
-STAGE_JOBS = tuple(stage for stage in Stage if stage not in (Stage.DRIVER, Stage.EVAL_TASK))
-"""What the executors with a job per stage submit: every stage."""
+STAGE_JOBS = tuple(STAGES)
+"""What the executors with a job per stage submit: every stage of the stage table."""
 
 EXECUTORS: dict[str, Executor] = {
     "inline": Executor("this process", None, lambda backend, profile: InlineRunner(), resident=True),

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, StageResources
 from probepo.execution import StageRequest
-from probepo.preflight import Findings
 from slurm.accounting import JobCost, JobInfo
 from slurm.backends import JobFunction, SubmitRefused, submitit_stderr_tail
 

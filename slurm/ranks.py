@@ -1,7 +1,6 @@
 """The rank environment of a multi-task job, as torch.distributed and DeepSpeed expect it (the ranks join
 their process group through it: probepo.distributed). A job's ranks may span several nodes: they meet at
-the job's first node (SLURM_JOB_NODELIST), and each knows its own node by name (SLURMD_NODENAME). And
-whether a recipe gives each rank of its generating jobs an engine call (`generation_rank_findings`)."""
+the job's first node (SLURM_JOB_NODELIST), and each knows its own node by name (SLURMD_NODENAME)."""
 
 from __future__ import annotations
 
@@ -9,17 +8,9 @@ import os
 import re
 import socket
 import subprocess
-from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
-from pydantic import ValidationError
-
-from probepo.config import ExecutionProfile, RunConfig
 from probepo.distributed import NODE_ENV
-from probepo.preflight import Findings
-from probepo.presets import ConfigError, preset_fields
-from probepo.schedule import Stage
 
 PORT_BASE, PORT_SPAN = 20000, 12000
 """Rendezvous ports 20000-31999: below Linux's ephemeral range (32768 up by default), where the node's own
@@ -96,65 +87,3 @@ def address_of(node: str) -> str:
     )
     found = re.search(r"\bNodeAddr=(\S+)", shown.stdout)
     return found.group(1) if found else node
-
-
-GENERATING_JOBS = (Stage.SAMPLE, Stage.PROBE, Stage.EVALUATE, Stage.DRIVER)
-"""The jobs whose ranks share generation's engine calls: the generating stages' own, and the resident
-driver's, which runs them."""
-
-PRESETS = Path(__file__).resolve().parents[1] / "configs"
-
-
-def generation_rank_findings(config: RunConfig, profile: ExecutionProfile, stages: Iterable[str]) -> Findings:
-    """A warning where a generating job among an executor's `stages` has more ranks than the recipe's
-    sample step has engine calls (probepo.stages.shards.sample_step_calls): the ranks beyond them idle
-    through every sample step. The calls are part of a recipe's bits and never follow the ranks, so the
-    warning names the recipe to run instead: the settings that give every rank a call, and the preset in
-    configs/ that is this recipe with them, where there is one."""
-    from probepo.stages.shards import calls_for_every_rank, sample_step_calls
-
-    ranks = {profile.entry(stage): _job_ranks(profile, stage) for stage in GENERATING_JOBS if stage in stages}
-    if max(ranks.values(), default=1) == 1:
-        return Findings()
-    sampling, calls = config.sampling, sample_step_calls(config)
-    made = (
-        f"the recipe's sample step makes {calls} engine call(s) (sampling.shards = {sampling.shards},"
-        f" sampling.batch_rows = {sampling.batch_rows})"
-    )
-    jobs = ", ".join(f"{where} ({count} ranks)" for where, count in ranks.items())
-    crowded = max(ranks.values()) - calls
-    if crowded <= 0:
-        return Findings(passed=[f"generation: {made}, one at least for each rank of {jobs}"])
-    problem = f"generation: {jobs}, but {made}: {crowded} rank(s) idle through every sample step."
-    fewer = f"give generation at most {calls} ranks"
-    variant = calls_for_every_rank(config, max(ranks.values()))
-    if variant is not None:
-        preset = _preset_of(config.model_copy(update={"sampling": sampling.model_copy(update=variant)}))
-        settings = " ".join(f"--set sampling.{name}={value}" for name, value in variant.items())
-        other = "samples other than this recipe's: compare runs within one recipe"
-        recipe = (
-            f"{preset.relative_to(PRESETS.parent)} (this recipe with {settings}: {other})"
-            if preset
-            else f"this recipe with {settings} ({other})"
-        )
-        fewer = f"run {recipe}, or {fewer}"
-    bits = "The calls are part of a recipe's bits, never set by the ranks"
-    return Findings(warnings=[f"{problem} {bits}: {fewer}"])
-
-
-def _job_ranks(profile: ExecutionProfile, stage: str) -> int:
-    resources = profile.resources(stage)
-    return resources.nodes * resources.tasks_per_node
-
-
-def _preset_of(config: RunConfig) -> Path | None:
-    """The preset in configs/ whose recipe is `config`, its store aside (None: no preset is)."""
-    wanted = config.model_dump(mode="json", exclude={"store"})
-    for path in sorted(PRESETS.glob("*.yaml")):
-        try:
-            preset = RunConfig.model_validate(preset_fields(path))
-        except (ConfigError, ValidationError):
-            continue
-        if preset.model_dump(mode="json", exclude={"store"}) == wanted:
-            return path
-    return None

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, StageResources
-from probepo.preflight import Findings
 
 LOCAL_FOLDERS = (Path("/tmp"), Path("/var/tmp"), Path("/dev/shm"))
 """Folders every machine has a private one of: a job folder there is not seen by other nodes."""

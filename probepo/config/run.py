@@ -403,7 +403,7 @@ class RunConfig(_Strict):
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:
         """The rules across task and model that need neither the task nor its files; what does
-        (vocabulary, rescue suffix, context, benchmark names) is probepo.recipe_checks', run where a
+        (vocabulary, rescue suffix, context, benchmark names) is probepo.presets.task_problems', run where a
         recipe is composed."""
         testbed_task, testbed_model = self.task.kind in TESTBED_TASKS, self.model.kind == "testbed"
         if testbed_task != testbed_model:

@@ -15,7 +15,7 @@ from probepo.schedule import Stage
 from probepo.stages import warmup
 from probepo.stages.committed import saved_trainer
 from probepo.stages.context import StageContext
-from probepo.stages.policy import keep_trainer
+from probepo.stages.policy import policy_engines
 
 STAGE = Stage.CHECKPOINT
 
@@ -46,4 +46,4 @@ def run(ctx: StageContext) -> None:
     engine, summary = _from_pretrained(ctx) if ctx.config.model.kind == "hf" else _from_warmup(ctx)
     with saved_trainer(ctx, engine, ctx.scratch / "policy-000000") as files:
         ctx.commit(STAGE, files, summary)
-    keep_trainer(ctx, engine, 0)
+    policy_engines(ctx).trainer_made(ctx, engine, 0)

@@ -1,6 +1,7 @@
-"""Policy k as the store holds it: which update's checkpoint is full, whether policy k's weights are
-committed, fetching a committed policy into the node's scratch, and saving a trainer's state there to be
-committed. The engines on policy k: policy.py; rebuilding one by replay: replay.py."""
+"""Policy k as the store holds it: what its checkpoint still holds and which update's checkpoint is full
+(the facts `location.locate` decides on), fetching a committed policy into the node's scratch, and saving
+a trainer's state there to be committed. The engines on policy k: policy.py; rebuilding one by replay:
+replay.py."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from probepo.engines.base import TrainerEngine
 from probepo.schedule import Stage, is_optimizer_state, optimizer_shard_rank
 from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
+from probepo.stages.location import Committed
 from probepo.store.retention import holds
 
 
@@ -60,28 +62,40 @@ def files_for_node(names: Iterable[str], ranks: Iterable[int], *, optimizer_stat
     return [name for name in names if wanted(name)]
 
 
-def latest_full_checkpoint(ctx: StageContext) -> int:
+def committed_policy(ctx: StageContext) -> Committed:
+    """What the store holds of policy k, for `locate`: what checkpoint k still holds, and the latest full
+    checkpoint c <= k (k itself where checkpoint k is full: the ledger is not listed then)."""
+    marker = ctx.store.marker(ctx.run_id, ctx.update, Stage.CHECKPOINT)
+    checkpoint = None if marker is None else holds(marker)
+    return Committed(checkpoint, ctx.update if checkpoint == "full" else latest_full_checkpoint(ctx))
+
+
+def latest_full_checkpoint(ctx: StageContext) -> int | None:
     """The latest update c <= k whose policy is committed in full (weights and optimizer state: retention
-    may have pruned the optimizer state of older ones)."""
-    entries = ctx.store.ledger_entries(ctx.run_id)
-    committed = sorted(
-        (u for u, stages in entries.items() if u <= ctx.update and Stage.CHECKPOINT in stages), reverse=True
-    )
-    for update in committed:
+    may have pruned the optimizer state of older ones); None where there is none."""
+    for update in _committed_checkpoints(ctx):
         if holds(ctx.store.marker(ctx.run_id, update, Stage.CHECKPOINT) or {}) == "full":
             return update
+    return None
+
+
+def no_full_checkpoint(ctx: StageContext) -> RuntimeError:
+    """The error of a run that has no full checkpoint c <= k to rebuild policy k from."""
+    committed = _committed_checkpoints(ctx)
     pruned = (
         f" (retention pruned the optimizer state of checkpoints {sorted(committed)})" if committed else ""
     )
-    raise RuntimeError(
+    return RuntimeError(
         f"run {ctx.run_id} has no committed full checkpoint at or before update {ctx.update}{pruned}"
     )
 
 
-def has_weights(ctx: StageContext) -> bool:
-    """Whether policy k's weights are committed (a checkpoint that retention has not emptied)."""
-    marker = ctx.store.marker(ctx.run_id, ctx.update, Stage.CHECKPOINT)
-    return marker is not None and holds(marker) != "record"
+def _committed_checkpoints(ctx: StageContext) -> list[int]:
+    """The updates <= k whose checkpoint is committed, latest first."""
+    entries = ctx.store.ledger_entries(ctx.run_id)
+    return sorted(
+        (u for u, stages in entries.items() if u <= ctx.update and Stage.CHECKPOINT in stages), reverse=True
+    )
 
 
 @contextmanager

@@ -1,6 +1,7 @@
-"""What several stages share: the task, the names of their files, and the committed inputs of update k
-(rollouts, trees, tensors), which the method table's rules read through `StageInputs`. The training batch:
-batch.py; the engines on policy k: policy.py."""
+"""What several stages share: the task, and the committed inputs of update k (rollouts, trees, tensors),
+which the method table's rules read through `StageInputs`, each from the folder of the stage that the stage
+table says writes it (probepo.schedule.STAGES, where the files' names live). The training batch: batch.py;
+the engines on policy k: policy.py."""
 
 from __future__ import annotations
 
@@ -17,20 +18,9 @@ from probepo.data import Problem, Task, build_task
 from probepo.engines.base import SamplingParams
 from probepo.methods.inputs import Rollouts
 from probepo.presets import ConfigError
-from probepo.schedule import Stage
+from probepo.schedule import PIVOTS, ROLLOUTS, SCORES, TREE, VALUES, written_by
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
-
-ROLLOUTS = "rollouts.parquet"
-TREE = "tree.parquet"
-"""The tree baselines' trees, one row per node (trees.py), committed by sample beside the rollouts."""
-SCORES = "scores.safetensors"
-PIVOTS = "pivots.safetensors"
-"""The select stage's [N, M] `pivot_pos` (-1 = none)."""
-VALUES = "values.safetensors"
-"""The probe stage's [N, M] prefix `values` and their counts (successes, trials, rescued)."""
-ADVANTAGES = "advantages.safetensors"
-"""The advantage stage's `advantages` [R, T] and, for spo_tree, its loss mask (methods.advantages)."""
 
 
 def task_of(ctx: StageContext) -> Task:
@@ -79,7 +69,7 @@ class GradedProblem(Problem):
 
 def read_rollouts(ctx: StageContext) -> Rollouts:
     """Update k's rollouts as the sample stage committed them."""
-    table = table_from_parquet(ctx.read(Stage.SAMPLE)[ROLLOUTS])
+    table = table_from_parquet(read_committed(ctx, ROLLOUTS))
     return Rollouts(
         group=torch.tensor(np.asarray(table["group"]), dtype=torch.long),
         prompts=[list(map(int, p)) for p in table["prompt_ids"]],
@@ -99,6 +89,11 @@ def read_rollouts(ctx: StageContext) -> Rollouts:
     )
 
 
+def read_committed(ctx: StageContext, name: str) -> bytes:
+    """A committed file of this update, from the folder of the stage that writes it (schedule.written_by)."""
+    return ctx.read(written_by(name))[name]
+
+
 def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
     """A committed safetensors file of a stage of this update."""
     return tensors_from_bytes(ctx.read(stage)[name])
@@ -107,7 +102,7 @@ def read_tensors(ctx: StageContext, stage: str, name: str) -> dict[str, Tensor]:
 def read_tree(ctx: StageContext) -> dict[str, Tensor]:
     """The update's trees (tree baselines) as [Nn] long node arrays: group, parent, depth, row (the leaf's
     rollout row, -1 elsewhere) and the node's segment as span [start, end) of rollout row span_row."""
-    table = table_from_parquet(ctx.read(Stage.SAMPLE)[TREE])
+    table = table_from_parquet(read_committed(ctx, TREE))
     return {
         name: torch.tensor(np.asarray(table[name], dtype=np.int64))
         for name in ("group", "parent", "depth", "row", "span_row", "start", "end")
@@ -138,15 +133,15 @@ class StageInputs:
 
     @cached_property
     def scores(self) -> dict[str, Tensor]:
-        return read_tensors(self._ctx, Stage.SCORE, SCORES)
+        return tensors_from_bytes(read_committed(self._ctx, SCORES))
 
     @cached_property
     def pivots(self) -> Tensor:
-        return read_tensors(self._ctx, Stage.SELECT, PIVOTS)["pivot_pos"]
+        return tensors_from_bytes(read_committed(self._ctx, PIVOTS))["pivot_pos"]
 
     @cached_property
     def values(self) -> Tensor:
-        return read_tensors(self._ctx, Stage.PROBE, VALUES)["values"]
+        return tensors_from_bytes(read_committed(self._ctx, VALUES))["values"]
 
     @cached_property
     def tree(self) -> dict[str, Tensor]:

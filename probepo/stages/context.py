@@ -20,7 +20,7 @@ from probepo.faults import fault_point
 from probepo.store import AlreadyCommitted, ArtifactStore
 
 if TYPE_CHECKING:
-    from probepo.stages.policy import ResidentEngines
+    from probepo.stages.policy import PolicyEngines
 
 
 def derive_seed(*parts: object) -> int:
@@ -51,7 +51,7 @@ class StageContext:
     attempt_notes: dict[str, Any] = field(default_factory=dict)
     """What the running attempt reports about itself beyond its commits (e.g. how much committed work it
     resumed from): the driver adds it to the attempt record."""
-    engines: ResidentEngines | None = None
+    engines: PolicyEngines | None = None
     """The engines the runner keeps alive across stages and updates (the inline runner's), or None: the
     stage builds its own on policy k from the store."""
 

@@ -25,7 +25,7 @@ from probepo.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
 from probepo.stages.committed import fetch_policy, saved_trainer
 from probepo.stages.context import StageContext
-from probepo.stages.policy import keep_trainer, trainer_engine
+from probepo.stages.policy import policy_engines
 from probepo.stages.replay import FINGERPRINT
 from probepo.store.retention import PART_PREFIX, holds, is_part
 
@@ -91,8 +91,12 @@ def run(ctx: StageContext) -> None:
         if is_part(s)
     }
     latest, start, history = _resume_from(parts)
-    engine = load_trainer(ctx.config, fetch_policy(ctx, latest)) if latest else trainer_engine(ctx)
-    keep_trainer(ctx, None, -1)  # changed in place from here on: resident again once it holds policy k + 1
+    engines = policy_engines(ctx)
+    if latest:
+        engine = load_trainer(ctx.config, fetch_policy(ctx, latest))
+    else:
+        engine = engines.trainer(ctx, optimizer_state=True)
+    engines.release_trainer(ctx)  # changed in place from here on: resident again once it holds policy k + 1
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start
 
@@ -120,4 +124,4 @@ def run(ctx: StageContext) -> None:
         with spend.timed("digest"):
             fingerprint = engine.weights_fingerprint()
         ctx.commit(STAGE, {}, {**summary, FINGERPRINT: fingerprint})
-    keep_trainer(ctx, engine, ctx.update + 1)
+    engines.trainer_made(ctx, engine, ctx.update + 1)

@@ -1,14 +1,16 @@
 """The policy's journey: which engine holds policy k, where it comes from, and how it reaches the generator.
 
-    policy k  =  the resident trainer, when it holds k (the inline and resident runners keep their
-                 engines across stages and updates: `ResidentEngines`, reached through `ctx.engines`)
-              |  policy k's committed weights (committed.py: a checkpoint retention has not emptied)
+    policy k  =  a resident engine, when it holds k (the inline and resident runners keep their engines
+                 across stages and updates: `PolicyEngines`, reached through `ctx.engines`)
+              |  policy k's committed checkpoint (committed.py), unless retention emptied it
               |  a replay from the latest full checkpoint (replay.py), whose trainer then stays resident
 
-A generator takes it from the trainer in memory (`live_weights`, no host copy; under ZeRO-3 gathered for
-the hand-off) or from a committed folder (`engines.build.hand_off`). Policy k is committed in full at
-update 0, every `checkpoint_every` updates and after the last; between those, optimize commits only its
-metrics and the fingerprint of the weights it made.
+Which of these serves a stage is decided in one place, `location.locate`, from the facts `PolicyEngines`
+gathers (what its engines hold; the store's facts only where they do not serve); its methods act on the
+answer. A generator takes policy k from the trainer in memory (`live_weights`, no host copy; under ZeRO-3
+gathered for the hand-off) or from a committed folder (`engines.build.hand_off`). Policy k is committed in
+full at update 0, every `checkpoint_every` updates and after the last; between those, optimize commits only
+its metrics and the fingerprint of the weights it made.
 """
 
 from __future__ import annotations
@@ -16,118 +18,162 @@ from __future__ import annotations
 import gc
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 from torch import Tensor
 
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.build import hand_off, load_trainer, new_generator
-from probepo.stages.committed import at_update, fetch_policy, has_weights, latest_full_checkpoint
+from probepo.stages.committed import (
+    at_update,
+    committed_policy,
+    fetch_policy,
+    latest_full_checkpoint,
+    no_full_checkpoint,
+)
 from probepo.stages.context import StageContext
+from probepo.stages.location import (
+    AskTheStore,
+    ByReplay,
+    Engine,
+    InCheckpoint,
+    InEngine,
+    Location,
+    Need,
+    Nowhere,
+    Resident,
+    locate,
+)
 from probepo.stages.replay import restore_trainer
 
 PolicySource = Path | TrainerEngine
 """Where a generator takes policy k from: a committed policy's folder, or a trainer that holds it."""
 
 
-@dataclass
-class ResidentEngines:
-    """The engines a runner keeps alive across the stages and updates of one run, each with the update of
-    the policy it holds (-1: none). Stages reach them through `ctx.engines`."""
+class PolicyEngines:
+    """The engines on the run's policies: the ones a runner keeps alive across the stages and updates of one
+    run (`ctx.engines`), or a stage's own (`policy_engines`). Stages get an engine on policy k from it, and
+    tell it when the trainer made a policy; nothing else changes what it holds."""
 
-    owner: tuple[str, str] | None = None
-    """(store URL, run id) of the run they belong to; another run's stages start afresh."""
-    trainer: TrainerEngine | None = None
-    trainer_policy: int = -1
-    trainer_trains: bool = True
-    """The resident trainer holds its optimizer state (False: loaded with the weights alone, for scoring)."""
-    generator: GenerationEngine | None = None
-    generator_policy: int = -1
+    def __init__(self) -> None:
+        self._owner: tuple[str, str] | None = None
+        """(store URL, run id) of the run they belong to; another run's stages start afresh."""
+        self._trainer: TrainerEngine | None = None
+        self._trainer_policy: int | None = None
+        self._trainer_optimizer_state = False
+        self._generator: GenerationEngine | None = None
+        self._generator_policy: int | None = None
 
-    def claim(self, ctx: StageContext) -> None:
-        owner = (ctx.store.url, ctx.run_id)
-        if self.owner != owner:
-            self.clear()
-            self.owner = owner
+    @property
+    def resident(self) -> Resident:
+        """Which policy each engine holds: the facts `locate` reads."""
+        return Resident(self._trainer_policy, self._trainer_optimizer_state, self._generator_policy)
 
-    def clear(self) -> None:
+    def trainer(self, ctx: StageContext, *, optimizer_state: bool) -> TrainerEngine:
+        """A trainer engine on policy k, kept resident: with its optimizer state (optimize), or for a forward
+        pass (score), where the weights alone will do (the optimizer state, ~6x the weights at 7B, is not
+        fetched; such a trainer does not train: asked for one that does, it makes way for it)."""
+        location = self._locate(ctx, Need.TRAIN if optimizer_state else Need.SCORE)
+        match location:
+            case InEngine() if self._trainer is not None:
+                return self._trainer
+            case _:
+                return self._trainer_from_store(ctx, location)
+
+    def generator(self, ctx: StageContext) -> GenerationEngine:
+        """A generation engine on policy k, kept resident: the resident one when it holds policy k, else one
+        given policy k's weights — the resident trainer's, the committed checkpoint's, or a replay's (whose
+        trainer stays resident for the next stages)."""
+        location = self._locate(ctx, Need.GENERATE)
+        source: PolicySource
+        match location:
+            case InEngine(engine=Engine.GENERATOR) if self._generator is not None:
+                return self._generator
+            case InEngine(engine=Engine.TRAINER) if self._trainer is not None:
+                source = self._trainer
+            case InCheckpoint():
+                source = fetch_policy(ctx, optimizer_state=False)
+            case _:
+                source = self._trainer_from_store(ctx, location)
+        with _weights_of(source) as weights:
+            if self._generator is not None:
+                generator = self._generator
+                hand_off(generator, weights)
+            else:
+                generator = _new_generator(ctx, weights)
+        self._generator, self._generator_policy = generator, ctx.update
+        return generator
+
+    def trainer_made(self, ctx: StageContext, engine: TrainerEngine, policy: int) -> None:
+        """`engine`, its optimizer state included, holds `policy`, which it made (optimize: k + 1;
+        checkpoint 0: policy 0): it becomes the resident trainer."""
+        self._claim(ctx)
+        self._hold_trainer(engine, policy, optimizer_state=True)
+
+    def release_trainer(self, ctx: StageContext) -> None:
+        """Forget the trainer (optimize changes it in place: until it has made policy k + 1 it holds
+        neither policy)."""
+        self._claim(ctx)
+        self._forget_trainer()
+
+    def release(self) -> None:
         """Forget every engine (after a stage failed: it may have changed one half-way)."""
-        self.owner, self.trainer, self.generator = None, None, None
-        self.trainer_policy = self.generator_policy = -1
-        self.trainer_trains = True
+        self._forget_trainer()
+        self._owner, self._generator, self._generator_policy = None, None, None
 
+    def _claim(self, ctx: StageContext) -> None:
+        owner = (ctx.store.url, ctx.run_id)
+        if self._owner != owner:
+            self.release()
+            self._owner = owner
 
-def trainer_engine(ctx: StageContext) -> TrainerEngine:
-    """A trainer engine on policy k, optimizer state included: the resident one when it holds policy k,
-    else restored from the store (and kept resident)."""
-    engines = ctx.engines
-    if engines is not None:
-        engines.claim(ctx)
-        if engines.trainer is not None and engines.trainer_policy == ctx.update and engines.trainer_trains:
-            return engines.trainer
-        if not engines.trainer_trains:  # a scoring engine's memory goes before the full trainer's comes
-            keep_trainer(ctx, None, -1)
+    def _locate(self, ctx: StageContext, need: Need) -> Location:
+        """Where policy k is for `need`: the store is read only where the resident engines do not serve."""
+        self._claim(ctx)
+        location = locate(ctx.update, need, self.resident, None)
+        if isinstance(location, AskTheStore):
+            location = locate(ctx.update, need, self.resident, committed_policy(ctx))
+        return location
+
+    def _trainer_from_store(
+        self, ctx: StageContext, location: InCheckpoint | ByReplay | Nowhere
+    ) -> TrainerEngine:
+        """A trainer on policy k built where `location` says — its checkpoint, or a replay — kept resident."""
+        optimizer_state = not isinstance(location, InCheckpoint) or location.optimizer_state
+        if optimizer_state and self._trainer is not None and not self._trainer_optimizer_state:
+            self._forget_trainer()  # a scoring engine's memory goes before the full trainer's comes
             gc.collect()
-    engine = restore_trainer(ctx)
-    keep_trainer(ctx, engine, ctx.update)
-    return engine
+        match location:
+            case InCheckpoint():
+                folder = fetch_policy(ctx, optimizer_state=optimizer_state)
+                engine = load_trainer(ctx.config, folder, optimizer_state=optimizer_state)
+            case ByReplay(full=full):
+                engine = restore_trainer(ctx, full)
+            case Nowhere():
+                raise no_full_checkpoint(ctx)
+        self._hold_trainer(engine, ctx.update, optimizer_state=optimizer_state)
+        return engine
+
+    def _forget_trainer(self) -> None:
+        self._trainer, self._trainer_policy, self._trainer_optimizer_state = None, None, False
+
+    def _hold_trainer(self, engine: TrainerEngine, policy: int, *, optimizer_state: bool) -> None:
+        self._trainer, self._trainer_policy, self._trainer_optimizer_state = engine, policy, optimizer_state
+
+
+def policy_engines(ctx: StageContext) -> PolicyEngines:
+    """The runner's resident engines, or (a runner that keeps none) engines for this stage alone."""
+    return ctx.engines if ctx.engines is not None else PolicyEngines()
 
 
 def scoring_engine(ctx: StageContext) -> TrainerEngine:
-    """A trainer engine on policy k for a forward pass: the resident one when it holds policy k; else,
-    where policy k's weights are committed, one on those weights alone (the optimizer state, ~6x the
-    weights at 7B, is not fetched; kept resident as one that does not train: optimize replaces it); else
-    the full trainer by replay (`trainer_engine`)."""
-    engines = ctx.engines
-    if engines is not None:
-        engines.claim(ctx)
-        if engines.trainer is not None and engines.trainer_policy == ctx.update:
-            return engines.trainer
-    if not has_weights(ctx):
-        return trainer_engine(ctx)
-    engine = load_trainer(ctx.config, fetch_policy(ctx, optimizer_state=False), optimizer_state=False)
-    keep_trainer(ctx, engine, ctx.update, trains=False)
-    return engine
-
-
-def keep_trainer(
-    ctx: StageContext, engine: TrainerEngine | None, policy: int, *, trains: bool = True
-) -> None:
-    """Make `engine` (on policy `policy`; `trains`: with its optimizer state) the resident trainer, if the
-    runner keeps engines; None drops it (optimize changes the trainer in place: until it has made policy
-    k + 1 the engine holds neither)."""
-    engines = ctx.engines
-    if engines is not None:
-        engines.claim(ctx)
-        engines.trainer, engines.trainer_policy = engine, policy if engine is not None else -1
-        engines.trainer_trains = trains
+    """A trainer engine on policy k for a forward pass (score)."""
+    return policy_engines(ctx).trainer(ctx, optimizer_state=False)
 
 
 def generation_engine(ctx: StageContext) -> GenerationEngine:
-    """A generation engine on policy k: the resident one when it holds policy k, else one loaded with
-    policy k's weights — the resident trainer's, the committed checkpoint's, or a replay's."""
-    engines = ctx.engines
-    if engines is not None:
-        engines.claim(ctx)
-        if engines.generator is not None and engines.generator_policy == ctx.update:
-            return engines.generator
-    source: PolicySource
-    if engines is not None and engines.trainer is not None and engines.trainer_policy == ctx.update:
-        source = engines.trainer
-    elif has_weights(ctx):
-        source = fetch_policy(ctx, optimizer_state=False)
-    else:
-        source = trainer_engine(ctx)  # a replay, whose trainer stays resident for the next stages
-    with _weights_of(source) as weights:
-        if engines is not None and engines.generator is not None:
-            generator = engines.generator
-            hand_off(generator, weights)
-        else:
-            generator = _new_generator(ctx, weights)
-    if engines is not None:
-        engines.generator, engines.generator_policy = generator, ctx.update
-    return generator
+    """A generation engine on policy k (sample, probe, evaluate)."""
+    return policy_engines(ctx).generator(ctx)
 
 
 @contextmanager
@@ -149,7 +195,10 @@ def _new_generator(ctx: StageContext, weights: Path | dict[str, Tensor]) -> Gene
     elif isinstance(weights, Path):
         layout = weights
     else:
-        layout = fetch_policy(at_update(ctx, latest_full_checkpoint(ctx)), optimizer_state=False)
+        full = latest_full_checkpoint(ctx)
+        if full is None:
+            raise no_full_checkpoint(ctx)
+        layout = fetch_policy(at_update(ctx, full), optimizer_state=False)
     generator = new_generator(ctx.config, layout, ctx.scratch)
     if layout is not weights:  # a folder it was built on holds the weights already
         hand_off(generator, weights)

@@ -17,7 +17,7 @@ from probepo.engines.build import load_trainer
 from probepo.engines.fingerprint import weights_digest
 from probepo.schedule import Stage
 from probepo.stages.batch import training_batch
-from probepo.stages.committed import at_update, fetch_policy, latest_full_checkpoint
+from probepo.stages.committed import at_update, fetch_policy
 from probepo.stages.context import StageContext
 
 FINGERPRINT = "policy_fingerprint"
@@ -57,14 +57,12 @@ def matches_committed(engine: TrainerEngine, summary: Mapping[str, Any]) -> bool
     return weights_digest(engine.weights()) == summary[LEGACY_DIGEST]
 
 
-def restore_trainer(ctx: StageContext) -> TrainerEngine:
-    """Policy k with its optimizer state from the store: the latest full checkpoint c <= k, then the
-    optimize stages of updates c .. k - 1 replayed. The attempt records `replayed_updates`, `replay_s`
-    and, if any, `replay_diverged`: the updates whose replay did not reproduce the committed weights."""
-    full = latest_full_checkpoint(ctx)
+def restore_trainer(ctx: StageContext, full: int) -> TrainerEngine:
+    """Policy k with its optimizer state from the store: full checkpoint c < k (`full`, the latest, as
+    `location.locate` found it: policy k's own, when full, is loaded as it is), then the optimize stages of
+    updates c .. k - 1 replayed. The attempt records `replayed_updates`, `replay_s` and, if any,
+    `replay_diverged`: the updates whose replay did not reproduce the committed weights."""
     engine = load_trainer(ctx.config, fetch_policy(at_update(ctx, full)))
-    if full == ctx.update:
-        return engine
     started = time.perf_counter()
     log.info(
         "policy %d: checkpoint %d, then optimize of updates %d-%d replayed",

@@ -1,13 +1,14 @@
-"""Every stage's `run`, by the stage's name: what the executors call."""
+"""Every stage's `run`, by the stage's name: what the executors call, resolved from the stage table
+(probepo.schedule.STAGES names each stage's module)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from importlib import import_module
 
-from probepo.stages import advantage, checkpoint, evaluate, optimize, probe, sample, score, select, warmup
+from probepo import schedule
 from probepo.stages.context import StageContext
 
-STAGES: dict[str, Callable[[StageContext], None]] = {
-    module.STAGE: module.run
-    for module in (warmup, checkpoint, evaluate, sample, score, select, probe, advantage, optimize)
-}
+STAGES: schedule.StageTable[Callable[[StageContext], None]] = schedule.StageTable(
+    {stage: import_module(spec.module).run for stage, spec in schedule.STAGES.items()}
+)

@@ -13,8 +13,8 @@ from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
 from probepo.methods import method_for
 from probepo.methods.trees import Forest, TreeGrower
-from probepo.schedule import Stage
-from probepo.stages.common import ROLLOUTS, TREE, response_budget, sampling_params, task_of
+from probepo.schedule import ROLLOUTS, TREE, Stage
+from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stages.shards import generate_in_shards, graded_over_ranks

@@ -5,9 +5,8 @@ logits divided by the sampling temperature."""
 from __future__ import annotations
 
 from probepo import spend
-from probepo.schedule import Stage
+from probepo.schedule import SCORES, Stage
 from probepo.stages.batch import training_rows
-from probepo.stages.common import SCORES
 from probepo.stages.context import StageContext
 from probepo.stages.policy import scoring_engine
 from probepo.store.formats import tensors_to_bytes

@@ -7,8 +7,8 @@ from torch import Tensor
 
 from probepo.methods import method_for
 from probepo.methods.inputs import Rollouts
-from probepo.schedule import Stage
-from probepo.stages.common import PIVOTS, StageInputs, read_rollouts
+from probepo.schedule import PIVOTS, Stage
+from probepo.stages.common import StageInputs, read_rollouts
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes
 

@@ -135,13 +135,13 @@ def replay_optimize_on_ranks(
     from probepo.stages.batch import training_batch
     from probepo.stages.committed import at_update, fetch_policy
     from probepo.stages.context import StageContext
-    from probepo.stages.replay import restore_trainer
+    from probepo.stages.policy import PolicyEngines
     from probepo.store import open_store
 
     _join()
     config = RunConfig.model_validate_json(config_json)
     ctx = StageContext(open_store(store_url), run_id, update, config, Path(scratch))
-    engine = restore_trainer(ctx)
+    engine = PolicyEngines().trainer(ctx, optimizer_state=True)
     engine.train_step(training_batch(ctx), seed=ctx.seed(Stage.OPTIMIZE))
     committed = fetch_policy(at_update(ctx, update + 1))
     stem = optimizer_shard_name(distributed.rank(), distributed.world_size())

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from probepo.preflight import Refused
+from probepo.checks.findings import Refused
 from tests.flows import NEEDS_PREFECT
 from tests.flows.conftest import TESTBED
 from tests.flows.test_deployments import _flow_run_logs, _wait_for_end, _wait_until

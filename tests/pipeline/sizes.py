@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probepo.preflight import safetensors_tensor_bytes
+from probepo.checks.model import safetensors_tensor_bytes
 from probepo.schedule import Stage
 from probepo.spend_model import PolicySizes
 from probepo.store import ArtifactStore

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from probepo.checks.environment import site_way_findings
 from probepo.config import ExecutionProfile, StageResources
 from slurm.backends import SlurmBackend
-from slurm.check import site_way_findings
 from tests.slurm.conftest import drill_config
 from tests.slurm.drill import Drill, slurm
 

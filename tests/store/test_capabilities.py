@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import boto3
 import pytest
 
-from probepo.preflight import store_findings
+from probepo.checks.store import store_findings
 from probepo.store import EndpointLacksConditionals, LeaseHeld, StoreError, open_store, read_lease
 from probepo.store.capabilities import VERDICT, Conditionals, probe_conditionals
 from probepo.store.keys import RunLayout

@@ -1,4 +1,4 @@
-"""The S3 store's credentials as a job receives them (probepo/job_credentials.py), against moto: keys only in
+"""The S3 store's credentials as a job receives them (probepo.checks.credentials), against moto: keys only in
 this process's environment refused naming them and the fix; a credentials file named by
 AWS_SHARED_CREDENTIALS_FILE, the default one under HOME and a profile of a config file passed, naming the
 file and profile, the store accepting them; session credentials warned about (expiring within a job's
@@ -17,9 +17,10 @@ import boto3
 import pytest
 import yaml
 
+from probepo.checks.credentials import job_credential_findings
+from probepo.checks.findings import Findings
+from probepo.checks.store import store_findings
 from probepo.config import ExecutionProfile
-from probepo.job_credentials import job_credential_findings
-from probepo.preflight import Findings, store_findings
 from probepo.store.s3 import _session as store_sessions
 from slurm.check import check_launch
 from tests.pipeline.conftest import tiny_config

@@ -13,8 +13,8 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
+from probepo.checks.model import model_files
 from probepo.engines.hf.convert import byte_size, unshared
-from probepo.preflight import model_files
 from probepo.staging import StagingError, stage
 from tests.hf.tiny_qwen import qwen_config
 

@@ -1,4 +1,4 @@
-"""`probepo check`'s word on generation's ranks (slurm.ranks.generation_rank_findings): a generating job
+"""`probepo check`'s word on generation's ranks (checks/jobs.py): a generating job
 with more ranks than the recipe's sample step has engine calls is warned of, naming the idle ranks and the
 recipe to run instead (the preset in configs/ where there is one), since the calls are part of a recipe's
 bits and never follow the ranks; a job whose ranks each get a call passes, and one-rank jobs say nothing."""
@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from probepo.checks.jobs import generation_rank_findings
 from probepo.presets import load_profile, load_run_config
 from slurm.executors import executor_for
-from slurm.ranks import generation_rank_findings
 from tests.pipeline.conftest import tiny_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

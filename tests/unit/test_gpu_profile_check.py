@@ -1,5 +1,5 @@
 """`probepo check`'s word on a recipe for GPUs (its generator vLLM or its trainer DeepSpeed) on a profile
-that gives its jobs no GPU (slurm.check_jobs.gpu_findings): a warning naming the jobs, as when a site's
+that gives its jobs no GPU (probepo.checks.jobs.gpu_findings): a warning naming the jobs, as when a site's
 only profile, a CPU cluster's, is what the 7B recipe's train deployment opens on; a GPU profile, a CPU
 recipe and an executor that runs no jobs say nothing."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from probepo.checks.jobs import gpu_findings
 from probepo.presets import load_profile, load_run_config
-from slurm.check_jobs import gpu_findings
 from slurm.executors import executor_for
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"

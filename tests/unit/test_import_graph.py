@@ -1,7 +1,8 @@
 """The house's layers, read from the code: the runtime import graph of probepo/, flows/ and slurm/ (every
 import a module runs, at module level or inside a function; `if TYPE_CHECKING:` blocks left out) has no
-circle, probepo/ reaches into flows/ or slurm/ only from its CLI modules, and the configuration models
-import nothing above themselves (docs/DESIGN.md, "The house")."""
+circle, probepo/ reaches into flows/ or slurm/ only from its CLI modules, the configuration models
+import nothing above themselves, and the launch checks (probepo/checks/) sit between the library and the
+launch layer (docs/DESIGN.md, "The house")."""
 
 from __future__ import annotations
 
@@ -17,6 +18,25 @@ CLI = ("probepo.cli", "probepo.cli_runs", "probepo.cli_site", "probepo.cli_train
 CONFIG_MAY_IMPORT = ("probepo.config", "probepo.schedule", "probepo.errors")
 """What probepo/config/ may import of the project: itself and the modules below it that it reads."""
 CONFIG_THIRD_PARTY = {"pydantic", "annotated_types"}
+CHECKS_MAY_IMPORT = (
+    "probepo.checks",
+    "probepo.config",
+    "probepo.data",
+    "probepo.engines",
+    "probepo.errors",
+    "probepo.methods",
+    "probepo.presets",
+    "probepo.schedule",
+    "probepo.spend_model",
+    "probepo.stages",
+    "probepo.store",
+)
+"""What probepo/checks/ may import of the project: the library it judges a launch by (the recipe and its
+composition, the data, the engines' file names, the method table, the memory and spend models, the
+stages' plans and rates, the store), never flows/ or slurm/."""
+CHECKS_IMPORTED_BY = (*CLI, "probepo.staging")
+"""The modules of probepo/ outside probepo/checks/ that may import it: the CLI, and `probepo stage`
+(staging copies the benchmark sets the data check reads). flows/ and slurm/ are above it and may."""
 
 
 def module_name(path: Path) -> str:
@@ -160,3 +180,38 @@ def test_stages_never_import_prefect_or_submitit():
         if name.split(".")[0] in ("prefect", "submitit", "flows", "slurm")
     )
     assert wrong == []
+
+
+def test_the_checks_import_the_library_below_them_and_nothing_above():
+    """probepo/checks/ reads the library it judges a launch by and reaches the executor and its backend
+    only through the `Launch` that slurm/check.py builds; below the launch layer, nothing imports it."""
+    wrong = sorted(
+        f"{module} -> {name}"
+        for module, names in GRAPH.items()
+        if module.startswith("probepo.checks")
+        for name in names
+        if not name.startswith(CHECKS_MAY_IMPORT)
+    )
+    below = sorted(
+        f"{module} -> {name}"
+        for module, names in GRAPH.items()
+        if module.startswith("probepo")
+        and not module.startswith("probepo.checks")
+        and module not in CHECKS_IMPORTED_BY
+        for name in names
+        if name.startswith("probepo.checks")
+    )
+    assert wrong == [] and below == []
+
+
+def test_every_subject_module_of_the_checks_is_in_the_launchs_order():
+    """A module of probepo/checks/ with a `check(launch)` runs in `check_launch`: a new subject cannot be
+    written and forgotten."""
+    from probepo.checks.launch import SUBJECTS
+
+    subjects = {
+        module
+        for module in MODULES
+        if module.startswith("probepo.checks.") and "def check(launch" in MODULES[module].read_text()
+    }
+    assert subjects == {check.__module__ for check in SUBJECTS}

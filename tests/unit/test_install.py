@@ -10,10 +10,10 @@ import tomllib
 from importlib.metadata import version
 from pathlib import Path
 
+from probepo.checks.environment import site_way_findings
 from probepo.config import ExecutionProfile, StageResources
 from probepo.engines.vllm_engine import VLLM_VERSION
 from slurm.backends import SlurmBackend
-from slurm.check import site_way_findings
 
 ROOT = Path(__file__).resolve().parents[2]
 

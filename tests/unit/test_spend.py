@@ -84,17 +84,18 @@ def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
 
 
 def test_check_warns_when_the_trainers_grace_window_cannot_hold_a_stops_part():
+    from probepo.checks.spend import spend_findings
     from probepo.presets import load_profile, load_run_config
-    from slurm.check_spend import spend_findings
+    from slurm.executors import executor_for
 
     root = Path(__file__).resolve().parents[2] / "configs"
     config = load_run_config(root / "deepseekmath-7b-sft.yaml")
     profile = load_profile(root / "profiles" / "h200-node.yaml")
-    found = spend_findings(config, profile, "resident", 6_910_365_696)
+    found = spend_findings(config, profile, "resident", executor_for("resident"), 6_910_365_696)
     assert found.warnings == [] and found.passed[0].startswith("spend: ")  # 300 s hold ~50 s
     driver = profile.stages["driver"].model_copy(update={"signal_grace_s": 30})
     short = profile.model_copy(update={"stages": {**profile.stages, "driver": driver}})
-    (warning,) = spend_findings(config, short, "resident", 6_910_365_696).warnings
+    (warning,) = spend_findings(config, short, "resident", executor_for("resident"), 6_910_365_696).warnings
     assert (
         "the trainer's job has signal_grace_s 30 but a stop inside a checkpoint update's optimizer" in warning
     )

@@ -1,4 +1,4 @@
-"""`probepo check`'s memory of every job that loads the model (probepo/memory_model.py, slurm/check_jobs.py)
+"""`probepo check`'s memory of every job that loads the model (probepo/checks/memory.py, evaluation.py)
 and its evaluation shards against the jobs' grace windows (stages/evaluate.py), on the study's DeepSeekMath-7B
 recipe with the shipped 8×H200 profile: the numbers DeepSpeed 0.19.8's allocations give, a job that cannot
 fit refused with what to change, and the shard plan's cut, which moves no chunk."""
@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from probepo.checks.evaluation import evaluation_shard_findings
+from probepo.checks.findings import Findings
+from probepo.checks.memory import memory_findings, trainer_peaks
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.engines.sampler import call_plan
-from probepo.memory_model import trainer_peaks
-from probepo.preflight import Findings
 from probepo.presets import load_profile, load_run_config, with_overrides
 from probepo.spend_model import GB
 from probepo.stages.evaluate import EVAL_SHARD_SECONDS, EVAL_SHARD_TOKENS, largest_shard
 from probepo.stages.shards import calls_within
-from slurm.check_jobs import evaluation_shard_findings, memory_findings
 from slurm.executors import executor_for
 from tests.pipeline.conftest import tiny_config
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from probepo.preflight import missing_environment
+from probepo.checks.environment import missing_environment
 from probepo.presets import load_run_config
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,6 +1,6 @@
 """What each stage's job holds in memory, from the recipe's model and the profile's resources, before any
-allocation: `probepo check` weighs every stage that loads a model against its job's host memory (`mem_gb`,
-per node) and GPUs (`gpu_memory_gb`), and refuses one that cannot fit.
+allocation: `probepo check` weighs every job that loads a model (`model_jobs`) against its host memory
+(`mem_gb`, per node) and GPUs (`gpu_memory_gb`), and refuses one that cannot fit (`memory_findings`).
 
 Per rank, P parameters of w bytes, W trainer ranks:
 - a generation engine holds the weights, P·w, on its GPU (vLLM within model.vllm_memory of it, the rest
@@ -19,12 +19,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from probepo.config import RunConfig, StageResources
-from probepo.preflight import Findings
+from probepo.checks.findings import Findings
+from probepo.config import ExecutionProfile, RunConfig, StageResources
+from probepo.methods import method_for
 from probepo.schedule import Stage
 from probepo.spend_model import GB, PolicySizes
+
+if TYPE_CHECKING:
+    from probepo.checks.launch import Jobs, Launch
 
 FP32 = 4
 """Bytes of a float32: DeepSpeed's master weights and gradient partitions are float32 whatever the
@@ -305,3 +309,34 @@ def _listed(options: list[str]) -> str:
     if len(options) < 3:
         return " or ".join(options)
     return f"{', '.join(options[:-1])}, or {options[-1]}"
+
+
+def check(launch: Launch) -> Findings:
+    """Each job's memory, of a valid recipe whose model's parameters are known, and a profile."""
+    config, profile, executor = launch.config, launch.profile, launch.executor
+    parameters = launch.model[1].parameters
+    if config is None or profile is None or executor is None or parameters is None:
+        return Findings()
+    return memory_findings(config, profile, executor, parameters)
+
+
+def model_jobs(config: RunConfig, executor: Jobs) -> list[Stage]:
+    """The jobs of `executor` that load the model: its stages that do (probe where the method probes; the
+    resident driver, every engine in one job), and the evaluation array tasks that the nightly evaluation
+    and the evaluate flow run with the same profile. None in process."""
+    if executor.in_process:
+        return []
+    probes = method_for(config.algo.algorithm).probes
+    stages = [*executor.stages, Stage.EVAL_TASK]
+    return [stage for stage in stages if stage in STAGE_LOADS and (stage != Stage.PROBE or probes)]
+
+
+def memory_findings(
+    config: RunConfig, profile: ExecutionProfile, executor: Jobs, parameters: int
+) -> Findings:
+    """Each job's host memory and GPUs against what its stage holds (stage_memory_findings)."""
+    found = Findings()
+    for stage in model_jobs(config, executor):
+        resources = profile.resources(stage)
+        found.extend(stage_memory_findings(config, parameters, stage, resources, profile.entry(stage)))
+    return found

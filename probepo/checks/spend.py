@@ -5,30 +5,44 @@ has too short a grace window to commit a stop's part."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from probepo.checks.findings import Findings
+from probepo.checks.model import tied_parameters
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
-from probepo.preflight import Findings
 from probepo.schedule import Stage
 from probepo.spend_model import GB, STATED, Estimate, PolicySizes, UpdateShape, estimate, stop_seconds
-from slurm.executors import executor_for
+
+if TYPE_CHECKING:
+    from probepo.checks.launch import Jobs, Launch
 
 
-def trainer_resources(profile: ExecutionProfile, executor: str) -> StageResources | None:
-    """The resources of the job the trainer runs in under `executor` (None: in this process)."""
-    chosen = executor_for(executor)
-    if chosen.in_process:
+def check(launch: Launch) -> Findings:
+    """What an update spends, of a valid recipe whose model's parameters are known, and a profile."""
+    config, profile, executor = launch.config, launch.profile, launch.executor
+    model = launch.model[1]
+    if config is None or profile is None or executor is None or model.parameters is None:
+        return Findings()
+    tied = tied_parameters(model.folder)
+    return spend_findings(config, profile, launch.executor_name, executor, model.parameters, tied)
+
+
+def trainer_resources(profile: ExecutionProfile, jobs: Jobs) -> StageResources | None:
+    """The resources of the job the trainer runs in under the executor `jobs` (None: in this process)."""
+    if jobs.in_process:
         return None
-    return profile.resources(Stage.DRIVER if Stage.DRIVER in chosen.stages else Stage.OPTIMIZE)
+    return profile.resources(Stage.DRIVER if Stage.DRIVER in jobs.stages else Stage.OPTIMIZE)
 
 
 def recipe_shape(
-    config: RunConfig, profile: ExecutionProfile, executor: str, parameters: int, tied: int = 0
+    config: RunConfig, profile: ExecutionProfile, jobs: Jobs, parameters: int, tied: int = 0
 ) -> UpdateShape:
-    """The spend model's view of `config` on `executor` with `profile`'s trainer resources (`parameters` of
-    the model, `tied` of them a tied LM head's)."""
+    """The spend model's view of `config` on the executor `jobs` with `profile`'s trainer resources
+    (`parameters` of the model, `tied` of them a tied LM head's)."""
     model = config.model
     ranks, per_node, gpus = 1, 1, False  # in process: where the testbeds run, on this machine's CPU
-    resources = trainer_resources(profile, executor)
+    resources = trainer_resources(profile, jobs)
     if resources is not None:
         gpus = bool(resources.gpus_per_node or resources.gpus_per_task)
         if model.trainer == "deepspeed":  # the hf trainer holds everything on one rank
@@ -39,7 +53,7 @@ def recipe_shape(
         ranks=ranks,
         ranks_per_node=per_node,
         checkpoint_every=config.checkpoint_every,
-        resident=executor_for(executor).resident,
+        resident=jobs.resident,
         handoff="memory",  # vLLM too: its worker lives in the rank's process (engines/vllm_engine.py)
         accelerator=gpus,
         generation_stages=2 if probes else 1,
@@ -47,22 +61,23 @@ def recipe_shape(
 
 
 def scratch_need(
-    config: RunConfig, profile: ExecutionProfile, executor: str, parameters: int, tied: int = 0
+    config: RunConfig, profile: ExecutionProfile, jobs: Jobs, parameters: int, tied: int = 0
 ) -> int:
     """The most bytes one update writes to a node's scratch ($TMPDIR) by the spend model: a checkpoint
     update's save, shared by the node's ranks."""
-    found = estimate(recipe_shape(config, profile, executor, parameters, tied))
+    found = estimate(recipe_shape(config, profile, jobs, parameters, tied))
     written = max(found.plain.bytes.get("scratch", 0), found.checkpoint.bytes.get("scratch", 0))
-    resources = trainer_resources(profile, executor)
+    resources = trainer_resources(profile, jobs)
     return written // (resources.nodes if resources is not None else 1)
 
 
 def spend_findings(
-    config: RunConfig, profile: ExecutionProfile, executor: str, parameters: int, tied: int = 0
+    config: RunConfig, profile: ExecutionProfile, executor: str, jobs: Jobs, parameters: int, tied: int = 0
 ) -> Findings:
-    """The estimate in one line; a warning where a per-stage executor moves more than a checkpoint, and one
-    where the trainer's grace window is shorter than a stop's save and upload."""
-    shape = recipe_shape(config, profile, executor, parameters, tied)
+    """The estimate under the executor named `executor` (`jobs`) in one line; a warning where a per-stage
+    executor moves more than a checkpoint, and one where the trainer's grace window is shorter than a stop's
+    save and upload."""
+    shape = recipe_shape(config, profile, jobs, parameters, tied)
     found = estimate(shape)
     line = f"spend: {describe(found, executor)}"
     warnings = []
@@ -74,7 +89,7 @@ def spend_findings(
             " fetches the policy, optimize commits it in full every update): `--executor resident` keeps"
             " the engines resident and checkpoints every checkpoint_every updates"
         )
-    resources, stop_s = trainer_resources(profile, executor), stop_seconds(shape)
+    resources, stop_s = trainer_resources(profile, jobs), stop_seconds(shape)
     if resources is not None and resources.signal_grace_s < stop_s:
         warnings.append(
             f"the trainer's job has signal_grace_s {resources.signal_grace_s} but a stop inside a checkpoint"

@@ -8,7 +8,7 @@ what a job's botocore reads: the credentials and config files the environment na
 its HOME), AWS_PROFILE, credential_process, the endpoint, CA bundle and proxies; a session in this process
 would read this process's os.environ. An instance role cannot be seen from a login node: the child leaves
 it out, and finding nothing else is a warning. The child imports this module: its top level stays
-standard library.
+standard library (and checks.findings, which is).
 """
 
 from __future__ import annotations
@@ -21,8 +21,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from probepo.checks.findings import Findings
+
 if TYPE_CHECKING:
-    from probepo.preflight import Findings
+    from probepo.checks.launch import Launch
 
 ENV_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_SECURITY_TOKEN")
 """The credentials botocore reads from the environment; the allow-list never passes them to a job."""
@@ -32,6 +34,20 @@ gimme-aws-creds: x_security_token_expires); botocore reads no expiry from a file
 RESOLVE_TIMEOUT_S = 60.0
 """The child's limit: a credential_process or the listing may be slow, a check must still end."""
 _FILES = {"shared-credentials-file": "AWS_SHARED_CREDENTIALS_FILE", "config-file": "AWS_CONFIG_FILE"}
+
+
+def check(launch: Launch) -> Findings:
+    """An S3 store's credentials as the executor's jobs receive them: every backend's jobs get only the
+    profile's allow-listed environment, the local executor's included; jobs that run in this process have
+    this process's."""
+    store = launch.config.store if launch.config is not None else launch.fields.get("store")
+    profile, executor = launch.profile, launch.executor
+    if profile is None or executor is None or executor.in_process:
+        return Findings()
+    if not isinstance(store, str) or not store.startswith("s3://"):
+        return Findings()
+    longest = max(profile.resources(stage).time_min for stage in executor.stages)
+    return job_credential_findings(store, profile.exported(dict(os.environ)), longest)
 
 
 def job_credential_findings(
@@ -46,8 +62,6 @@ def job_credential_findings(
     `url` with: their source (and the store accepting them, on a listing), the expiry of session
     credentials against a job of `time_limit_min` started `now`, or a failure naming the variables of
     `environ` (this process's) that jobs never get."""
-    from probepo.preflight import Findings
-
     environ = dict(os.environ) if environ is None else environ
     job, where = _resolve_in_child(url, exported), f"store {url}"
     if "unjudged" in job:  # not a finding about the credentials: the store check and --probe-job remain
@@ -155,8 +169,8 @@ def _utc(moment: datetime) -> str:
 def _resolve_in_child(url: str, exported: dict[str, str]) -> dict[str, Any]:
     """`_resolve(url)` in a child of this interpreter whose whole environment is `exported`."""
     code = (
-        f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r});"
-        " from probepo.job_credentials import _resolve; print(json.dumps(_resolve(sys.argv[1])))"
+        f"import json, sys; sys.path.insert(0, {str(Path(__file__).resolve().parents[2])!r});"
+        " from probepo.checks.credentials import _resolve; print(json.dumps(_resolve(sys.argv[1])))"
     )
     command = [sys.executable, "-c", code, url]
     try:
