@@ -17,9 +17,9 @@ from pathlib import Path
 
 from benchlib import machine
 
-from probepo.demo import arm_runs
 from probepo.presets import load_run_config
-from probepo.report import load_curves
+from probepo.report.summary import load_curves
+from probepo.run.demo import arm_runs
 from probepo.store import open_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -53,8 +53,8 @@ from gpu_gate_policy import build_policy  # noqa: E402
 from probepo.config import RunConfig  # noqa: E402
 from probepo.data.benchmarks import AVG6_BENCHMARKS, BENCHMARKS, benchmarks_root, load_benchmark  # noqa: E402
 from probepo.data.contamination import math_training_set  # noqa: E402
-from probepo.faults import STOP_ENV  # noqa: E402
-from probepo.pipeline import resume_point  # noqa: E402
+from probepo.run.faults import STOP_ENV  # noqa: E402
+from probepo.run.pipeline import resume_point  # noqa: E402
 from probepo.stages.replay import FINGERPRINT  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
 

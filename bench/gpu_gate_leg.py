@@ -1,7 +1,7 @@
 """One leg of bench/gpu_gate.py: `train` (or resume) one run in this process, with the inline executor, until
 it completes or stops at a safe point (a stop that PROBEPO_STOP_AT sends, as SLURM's USR2 would), timing
 each stage and its peak memory. A leg is a process of its own so that a resume is a new process, as after a
-real preemption, and so that the determinism it sets (probepo.determinism) is that leg's alone.
+real preemption, and so that the determinism it sets (probepo.run.determinism) is that leg's alone.
 
     python bench/gpu_gate_leg.py CONFIG_JSON STORE RUN_ID OUT_JSON [--threads N]
 
@@ -24,9 +24,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from probepo.config import RunConfig
-from probepo.execution import InlineRunner, StageRequest
-from probepo.pipeline import train
-from probepo.preemption import Preempted
+from probepo.run.execution import InlineRunner, StageRequest
+from probepo.run.pipeline import train
+from probepo.run.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import open_store
 

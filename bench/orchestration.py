@@ -43,10 +43,10 @@ from typing import Any
 from benchlib import machine
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
-from probepo.execution import StageRequest, StageRunner, now
-from probepo.pipeline import ensure_warmup, train
 from probepo.presets import load_profile, load_run_config
-from probepo.schedule import TRAINING_STAGES, Stage
+from probepo.run.execution import StageRequest, StageRunner, now
+from probepo.run.pipeline import ensure_warmup, train
+from probepo.run.schedule import TRAINING_STAGES, Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, JobOutcome, open_store
 from slurm import DriverStopped, JobRunner, make_runner

@@ -12,7 +12,7 @@ spent is read back from the store (the metrics the driver summed from every atte
 which records them; every rank moves as much, the shared disk and store aside) and split into the start
 (update 0: checkpoint 0 fetched), plain updates and checkpoint updates.
 
-Extrapolation (probepo/spend_model.py, the model `probepo check` prints): first the model is run at this
+Extrapolation (probepo/spend/model.py, the model `probepo check` prints): first the model is run at this
 model's own sizes (read from the committed checkpoint's files) and compared with the counted bytes, kind
 by kind (`model_vs_counted`, 1.0 where it reproduces them); then it is run at each recipe's shape — its
 model's parameters (stated: the model cards'), bf16 weights, DeepSpeed's 12 bytes of optimizer state per
@@ -47,10 +47,10 @@ sys.path.insert(0, str(ROOT))
 
 from probepo.checks.spend import recipe_shape  # noqa: E402
 from probepo.config import ExecutionProfile, RunConfig, StageResources  # noqa: E402
-from probepo.pipeline import train  # noqa: E402
 from probepo.presets import load_profile, load_run_config  # noqa: E402
+from probepo.run.pipeline import train  # noqa: E402
 from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
-from probepo.spend_model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
+from probepo.spend.model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
 from slurm.executors import executor_for  # noqa: E402
 from slurm.local_backend import LocalBackend  # noqa: E402

@@ -1,4 +1,4 @@
-"""The overhead bench's GPU mode: the per-rank rates the spend model states (probepo/spend_model.py
+"""The overhead bench's GPU mode: the per-rank rates the spend model states (probepo/spend/model.py
 `Bandwidths`), measured on one GPU over a 7B policy's weights (DeepSeekMath-7B's bf16 state dict, random
 values: the rates depend on bytes, not on what they hold).
 
@@ -37,7 +37,7 @@ from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from probepo.engines.fingerprint import weights_fingerprint
-from probepo.spend_model import STATED
+from probepo.spend.model import STATED
 
 RESULTS = Path(__file__).parent / "results"
 DEEPSEEKMATH_7B = {"vocab": 102_400, "hidden": 4096, "layers": 30, "intermediate": 11_008}

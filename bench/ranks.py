@@ -44,11 +44,11 @@ from ranks_model import LENGTHS, busy_fractions, h200_decoder, measured_decoder,
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.engines.base import SamplingParams
 from probepo.engines.sampler import TorchGenerationEngine
-from probepo.execution import StageRequest, execute_stage
 from probepo.models.gpt import GPT
-from probepo.pipeline import ensure_warmup, freeze_recipe
 from probepo.presets import load_run_config
-from probepo.schedule import ROLLOUTS, Stage
+from probepo.run.execution import StageRequest, execute_stage
+from probepo.run.pipeline import ensure_warmup, freeze_recipe
+from probepo.run.schedule import ROLLOUTS, Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, open_store
 from slurm import make_runner

@@ -28,9 +28,9 @@ import torch
 from benchlib import machine
 
 from probepo.methods import METHODS
-from probepo.pipeline import train
 from probepo.presets import load_run_config
-from probepo.schedule import TRAINING_STAGES
+from probepo.run.pipeline import train
+from probepo.run.schedule import TRAINING_STAGES
 from probepo.store import ArtifactStore, open_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -43,9 +43,9 @@ import yaml
 from benchlib import machine
 
 from probepo.config import RunConfig
-from probepo.faults import CRASH_ENV
-from probepo.pipeline import ensure_warmup, train
 from probepo.presets import load_run_config
+from probepo.run.faults import CRASH_ENV
+from probepo.run.pipeline import ensure_warmup, train
 from probepo.store import ArtifactStore, open_store
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -99,7 +99,7 @@ def _log_to(log: str) -> None:
 def _train(config_json: str, run: str, log: str) -> str:
     """One run in a worker process, its output in `log`; returns the run id."""
     _log_to(log)
-    from probepo.pipeline import train
+    from probepo.run.pipeline import train
 
     config = RunConfig.model_validate_json(config_json)
     stamp(open_store(config.store), run)
@@ -110,7 +110,7 @@ def _train(config_json: str, run: str, log: str) -> str:
 def _warmup(config_json: str, log: str) -> str:
     """A testbed's warm-up in a worker process; returns the warm-up run's id."""
     _log_to(log)
-    from probepo.pipeline import ensure_warmup
+    from probepo.run.pipeline import ensure_warmup
 
     config = RunConfig.model_validate_json(config_json)
     store, warmup = open_store(config.store), warmup_run_id(config)
@@ -125,7 +125,7 @@ def execute(
     """Run every missing (testbed, arm, seed), `jobs` processes at a time: warm-ups first, then the runs,
     longest first. `arms` limits the runs to those arms (name → at most that many seeds, None: all). A
     failed run is reported with its log and the others go on."""
-    from probepo.pipeline import resume_point
+    from probepo.run.pipeline import resume_point
 
     store = open_store(store_url)
     logs.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ from benchlib import machine
 from science_plan import GRPO_HORIZON, PLAN, PRIMARY, Testbed
 from science_report import RESULTS, ArmResult, mean_curve
 
-from probepo.stats import mean_and_stderr
+from probepo.report.stats import mean_and_stderr
 
 COST_ARMS = ("grpo", "probepo", "vineppo", "grpo_g32", "spo_tree", "treepo")
 """The arms drawn on the sampled-tokens and wall-time axes."""

@@ -24,8 +24,7 @@ from science_plan import (
     run_id,
 )
 
-from probepo.report import RunCurves, load_curves
-from probepo.stats import (
+from probepo.report.stats import (
     first_reach,
     mean_and_stderr,
     paired_bootstrap_ci,
@@ -33,6 +32,7 @@ from probepo.stats import (
     paired_t_power,
     value_at,
 )
+from probepo.report.summary import RunCurves, load_curves
 from probepo.store import ArtifactStore
 
 RESULTS = ROOT / "bench" / "results" / "science.json"

@@ -19,10 +19,8 @@ from prefect.client.schemas.actions import ArtifactUpdate
 from prefect.states import Failed, State
 
 from probepo.config import RunConfig
-from probepo.costs import RunCosts
-from probepo.pipeline import resume_point
-from probepo.report import load_curves, markdown
-from probepo.report_live import (
+from probepo.report.costs import RunCosts
+from probepo.report.live import (
     curves_markdown,
     lead_row,
     rows_by_update,
@@ -30,7 +28,9 @@ from probepo.report_live import (
     stage_table,
     updates_done,
 )
-from probepo.schedule import Stage
+from probepo.report.summary import load_curves, markdown
+from probepo.run.pipeline import resume_point
+from probepo.run.schedule import Stage
 from probepo.store import ArtifactStore
 from probepo.store.outage import RIDER
 from slurm.costs import run_costs, stage_totals
@@ -59,7 +59,7 @@ class Published:
     """What a run's page shows while it trains: its progress (a percent to one decimal, which its card's
     description repeats with the updates done of the total), its metrics (the lead table: a row per update
     with the numbers a user scans, `<run id>-metrics`; and every metric by stage, `<run id>-metrics-by-stage`,
-    both rounded: probepo/report_live.py) and its curves (held-out accuracy and reward over the whole run,
+    both rounded: probepo/report/live.py) and its curves (held-out accuracy and reward over the whole run,
     charted in markdown). A ProgressFn of the driver (also fed from the store while a resident job runs):
     each stage's summary joins its update's row as it commits, and all four are updated in place when an
     update's optimizer step commits, so the tables hold that update already. Each is one artifact per flow

@@ -13,8 +13,8 @@ from rich.console import Console
 
 from flows.artifacts import artifact_key
 from probepo.config import RunConfig
-from probepo.demo import summarize, train_arms, warm_up
 from probepo.presets import ConfigError, validate_run_config
+from probepo.run.demo import summarize, train_arms, warm_up
 
 
 @task(name="warm-up", cache_policy=NO_CACHE, persist_result=False)

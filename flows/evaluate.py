@@ -1,4 +1,4 @@
-"""The `evaluate` and `nightly_eval` flows: checkpoints evaluated after the fact (probepo/evaluations.py),
+"""The `evaluate` and `nightly_eval` flows: checkpoints evaluated after the fact (probepo/run/evaluations.py),
 every missing (checkpoint, suite) pair of the selection one task of a SLURM job array (split to
 MaxArraySize, one GPU each, at most `max_parallel` at once), each result committed create-only beside its
 run, so a second night — or a run started while another is going — does nothing twice. A pair the run's own
@@ -37,15 +37,15 @@ from flows.artifacts import artifact_key, refused
 from flows.runner import stage_task
 from probepo.config import CheckpointSelection, ExecutionProfile
 from probepo.errors import ExecutionError
-from probepo.evaluations import (
+from probepo.presets import ConfigError, load_profile
+from probepo.report.live import rounded, significant
+from probepo.run.evaluations import (
     EvaluationRequest,
     adopt_run_evaluation,
     check_suites,
     evaluate_checkpoint,
     missing,
 )
-from probepo.presets import ConfigError, load_profile
-from probepo.report_live import rounded, significant
 from probepo.store import ArtifactStore, open_store
 from slurm.accounting import JobCost
 from slurm.arrays import ItemOutcome, job_costs, run_array

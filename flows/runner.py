@@ -24,8 +24,8 @@ from prefect.runtime import flow_run
 from prefect.states import Cancelled, Completed, State
 
 from flows.cancelled import keep_after_the_runner
-from probepo.execution import StageRequest, StageRunner
-from probepo.schedule import Stage
+from probepo.run.execution import StageRequest, StageRunner
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from slurm import JobRunner
 from slurm.accounting import JobInfo

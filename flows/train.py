@@ -1,4 +1,5 @@
-"""The `train` and `resume` flows: the driver loop of `probepo.pipeline` with every stage a Prefect task run
+"""The `train` and `resume` flows: the driver loop of `probepo.run.pipeline` with every stage a Prefect task
+run
 (flows/runner.py), the stage jobs submitted by the execution layer of `slurm/`.
 
 The run config is the flow's parameter, so a deployment's run form is the pydantic model (its field
@@ -34,11 +35,11 @@ from probepo.checks.environment import WORKER_ENV_EXAMPLE, missing_environment
 from probepo.checks.findings import Refused
 from probepo.config import RunConfig
 from probepo.errors import ExecutionError
-from probepo.pipeline import recorded_updates
-from probepo.pipeline import train as drive
-from probepo.preemption import Preempted
 from probepo.presets import ConfigError, validate_run_config, with_overrides
-from probepo.schedule import Stage
+from probepo.run.pipeline import recorded_updates
+from probepo.run.pipeline import train as drive
+from probepo.run.preemption import Preempted
+from probepo.run.schedule import Stage
 from probepo.stages.warmup import warmup_run_id
 from probepo.store import ArtifactStore, StoreError, open_store
 from probepo.store.outage import RIDER, OutageBudget

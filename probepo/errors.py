@@ -1,5 +1,5 @@
 """The base of the execution layer's errors, in a module of its own so that the CLI can catch it without
-loading torch (probepo.execution imports the stages)."""
+loading torch (probepo.run.execution imports the stages)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 `reference_update` runs update k of a run the way the committed pipeline does, with no store, no jobs and
 no checkpoint files: the same method rules (probepo.methods), the same maths (probepo.algo) and the same
-engine calls, with the same seeds, in the order the driver runs its stages (probepo.schedule:
+engine calls, with the same seeds, in the order the driver runs its stages (probepo.run.schedule:
 TRAINING_STAGES). Each step names the stage module that does the same in the pipeline, where it is
 committed, sharded over ranks, preempted and resumed; here each step's output is simply kept for the next.
 tests/pipeline/test_reference_update.py holds its advantages, training rows and new weights bitwise equal
@@ -32,7 +32,7 @@ from probepo.methods import method_for
 from probepo.methods.advantages import LOSS_MASK
 from probepo.methods.inputs import Rollouts
 from probepo.methods.trees import Forest
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.common import response_budget
 from probepo.stages.context import derive_seed
 

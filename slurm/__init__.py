@@ -1,7 +1,7 @@
 """The execution layer: the executor registry (executors.py) and its backends, stage runners that run each
 stage of each update as a job submitted through submitit (a local subprocess, or a SLURM job with per-stage
 resources), the preemption-aware wrapper that runs inside the job, and the accounting that watches jobs.
-`probepo.pipeline.train` takes any of their runners.
+`probepo.run.pipeline.train` takes any of their runners.
 """
 
 from slurm.executors import EXECUTORS, executor_for, make_runner

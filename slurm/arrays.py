@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from probepo.config import ExecutionProfile
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.context import never_stop
 from slurm.accounting import JobCost
 from slurm.executors import executor_for

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, StageResources
 from probepo.errors import ExecutionError
-from probepo.execution import StageRequest
+from probepo.run.execution import StageRequest
 from slurm import accounting
 from slurm.accounting import JobCost, JobInfo
 

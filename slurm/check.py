@@ -29,9 +29,9 @@ from probepo.checks.spend import scratch_need
 from probepo.checks.store import store_findings
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.errors import ExecutionError
-from probepo.execution import StageRunner
 from probepo.presets import ConfigError, load_profile
-from probepo.schedule import Stage
+from probepo.run.execution import StageRunner
+from probepo.run.schedule import Stage
 from slurm.backends import Backend
 from slurm.executors import Executor, executor_for
 

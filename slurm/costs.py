@@ -16,8 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from probepo.costs import RunCosts, StageCost, schedule_order
-from probepo.schedule import Stage
+from probepo.report.costs import RunCosts, StageCost, schedule_order
+from probepo.run.schedule import Stage
 from probepo.store import ArtifactStore
 from slurm.accounting import JobCost, job_costs
 from slurm.backends import SlurmBackend

@@ -12,8 +12,8 @@ from typing import Literal
 
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
-from probepo.execution import InlineRunner, StageRunner
-from probepo.schedule import STAGES, Stage, resident_refusal
+from probepo.run.execution import InlineRunner, StageRunner
+from probepo.run.schedule import STAGES, Stage, resident_refusal
 from slurm.backends import Backend, SlurmBackend
 from slurm.local_backend import LocalBackend
 from slurm.runner import DriverJobRunner, JobRunner
@@ -96,7 +96,8 @@ def executor_for(name: str, *, arrays: bool = False) -> Executor:
 
 def executor_that_runs(executor: str, checkpoint_every: int) -> str:
     """`executor`, unless its engines do not stay resident between updates as a recipe's `checkpoint_every`
-    needs (probepo.schedule.resident_refusal); then `resident`. What a site's default becomes for a recipe:
+    needs (probepo.run.schedule.resident_refusal); then `resident`. What a site's default becomes for a
+    recipe:
     the CLI's default and a deployment's form alike."""
     if resident_refusal(checkpoint_every) and not executor_for(executor).resident:
         return "resident"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import subprocess
 from typing import Any
 
-from probepo.driver_lease import holder_job_id
+from probepo.run.driver_lease import holder_job_id
 from slurm.accounting import job_states
 
 

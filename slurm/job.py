@@ -27,10 +27,10 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from probepo import distributed
-from probepo.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
-from probepo.preemption import PREEMPTED_EXIT, Preempted, StopFlag
-from probepo.schedule import EVERY_RANK
+from probepo.run import distributed
+from probepo.run.execution import InlineRunner, LockstepRunner, StageRequest, execute_stage, follow_stages
+from probepo.run.preemption import PREEMPTED_EXIT, Preempted, StopFlag
+from probepo.run.schedule import EVERY_RANK
 from probepo.store import AlreadyCommitted, ArtifactStore, JobOutcome, StoreOutage
 from probepo.store.outage import RIDER, STORE_UNREACHABLE_EXIT, OutageBudget
 from slurm.ranks import Ranks, job_ranks
@@ -250,7 +250,7 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
     flag = _install_stop_flag()  # submitit's handlers off until the driver installs its own
     job_id = os.environ.get(job_id_variable)
     ranks = _ranks_of_this_job()
-    from probepo.pipeline import train
+    from probepo.run.pipeline import train
     from probepo.store import open_store
     from slurm.holders import holder_ended
 

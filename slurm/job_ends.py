@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from probepo.execution import StageRequest
+from probepo.run.execution import StageRequest
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, StoreOutage
 from probepo.store.outage import STORE_UNREACHABLE_EXIT
 from slurm.accounting import JobInfo

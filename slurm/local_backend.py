@@ -13,7 +13,7 @@ from typing import Any
 
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, StageResources
-from probepo.execution import StageRequest
+from probepo.run.execution import StageRequest
 from slurm.accounting import JobCost, JobInfo
 from slurm.backends import JobFunction, SubmitRefused, submitit_stderr_tail
 

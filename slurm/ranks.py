@@ -1,5 +1,5 @@
 """The rank environment of a multi-task job, as torch.distributed and DeepSpeed expect it (the ranks join
-their process group through it: probepo.distributed). A job's ranks may span several nodes: they meet at
+their process group through it: probepo.run.distributed). A job's ranks may span several nodes: they meet at
 the job's first node (SLURM_JOB_NODELIST), and each knows its own node by name (SLURMD_NODENAME)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import socket
 import subprocess
 from dataclasses import dataclass
 
-from probepo.distributed import NODE_ENV
+from probepo.run.distributed import NODE_ENV
 
 PORT_BASE, PORT_SPAN = 20000, 12000
 """Rendezvous ports 20000-31999: below Linux's ephemeral range (32768 up by default), where the node's own
@@ -34,7 +34,7 @@ class Ranks:
 
     def export(self) -> None:
         """Set RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT (`init_process_group(init_method=
-        "env://")` and DeepSpeed read them) and the node's name (probepo.distributed.NODE_ENV)."""
+        "env://")` and DeepSpeed read them) and the node's name (probepo.run.distributed.NODE_ENV)."""
         os.environ.update(
             RANK=str(self.rank),
             LOCAL_RANK=str(self.local_rank),

@@ -32,8 +32,8 @@ from typing import Any, TypeVar
 
 from probepo.config import ExecutionProfile
 from probepo.errors import ExecutionError
-from probepo.execution import StageRequest, now
-from probepo.preemption import Preempted
+from probepo.run.execution import StageRequest, now
+from probepo.run.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, StoreOutage
 from probepo.store.keys import new_attempt_id
@@ -346,7 +346,7 @@ class DriverJobRunner(JobRunner):
 
     @staticmethod
     def _finished(store: ArtifactStore, request: StageRequest) -> bool:
-        from probepo.pipeline import resume_point
+        from probepo.run.pipeline import resume_point
 
         return resume_point(store, request.run_id, request.config).done
 

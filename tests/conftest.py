@@ -23,7 +23,7 @@ os.environ.setdefault("MKL_NUM_THREADS", "1")
 
 import torch
 
-from probepo.pipeline import ensure_warmup
+from probepo.run.pipeline import ensure_warmup
 from probepo.store import ArtifactStore, open_store
 from tests.hf.tiny_qwen import TinyQwen, build_tiny_qwen
 from tests.pipeline.conftest import FINAL_FILES, LONG_UPDATES, every_config, tiny_config
@@ -202,7 +202,7 @@ def s3_warm_store(s3_admin) -> ArtifactStore:
 @pytest.fixture(scope="session")
 def every_update_reference(warm_store: ArtifactStore) -> dict[str, bytes]:
     """The final checkpoint files of `every_config(1)` trained inline, uninterrupted (run `every-1`)."""
-    from probepo.pipeline import train
+    from probepo.run.pipeline import train
 
     train(every_config(1), "every-1", store=warm_store)
     files = warm_store.read_stage("every-1", LONG_UPDATES, "checkpoint")

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, RunConfig
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.evaluate import EVAL_DECODE_TOKENS_PER_S, ROW_DECODE_TOKENS_PER_S, largest_shard
 
 if TYPE_CHECKING:

@@ -14,7 +14,7 @@ from probepo.checks.findings import Findings
 from probepo.checks.memory import model_jobs
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.presets import ConfigError, preset_fields
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.shards import calls_for_every_rank, sample_step_calls
 
 if TYPE_CHECKING:

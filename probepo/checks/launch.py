@@ -29,7 +29,7 @@ from probepo.checks import (
 from probepo.checks.findings import Findings
 from probepo.checks.model import ModelFiles, recipe_model
 from probepo.config import ExecutionProfile, RunConfig
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 
 
 class Jobs(Protocol):

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Literal
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
-from probepo.schedule import Stage
-from probepo.spend_model import GB, PolicySizes
+from probepo.run.schedule import Stage
+from probepo.spend.model import GB, PolicySizes
 
 if TYPE_CHECKING:
     from probepo.checks.launch import Jobs, Launch

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from probepo.checks.findings import Findings
 from probepo.config import RunConfig
 from probepo.presets import ConfigError, validate_run_config
-from probepo.schedule import resident_refusal
+from probepo.run.schedule import resident_refusal
 
 if TYPE_CHECKING:
     from probepo.checks.launch import Launch

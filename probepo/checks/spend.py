@@ -1,5 +1,5 @@
 """`probepo check`'s figures of what an update will move and how long that takes, before any allocation:
-probepo/spend_model.py at the recipe's shape under the chosen executor and profile, a warning where a
+probepo/spend/model.py at the recipe's shape under the chosen executor and profile, a warning where a
 per-stage executor would move more than a full checkpoint per update, and one where the trainer's job
 has too short a grace window to commit a stop's part."""
 
@@ -11,8 +11,8 @@ from probepo.checks.findings import Findings
 from probepo.checks.model import tied_parameters
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
-from probepo.schedule import Stage
-from probepo.spend_model import GB, STATED, Estimate, PolicySizes, UpdateShape, estimate, stop_seconds
+from probepo.run.schedule import Stage
+from probepo.spend.model import GB, STATED, Estimate, PolicySizes, UpdateShape, estimate, stop_seconds
 
 if TYPE_CHECKING:
     from probepo.checks.launch import Jobs, Launch
@@ -113,5 +113,5 @@ def describe(found: Estimate, executor: str) -> str:
         f" rank(s), amortised over checkpoint_every {found.every}: {pieces or 'none'}); GB moved by rank 0"
         f" in a plain update: {plain or 'none'}; in a checkpoint update ({shape.sizes.checkpoint / GB:.1f} GB"
         f" checkpoint): {full}; at stated bandwidths"
-        f" ({STATED.described()}: probepo/spend_model.py)"
+        f" ({STATED.described()}: probepo/spend/model.py)"
     )

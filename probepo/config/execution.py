@@ -15,7 +15,7 @@ from pydantic import Field, field_validator, model_validator
 
 from probepo.config.base import Strict
 from probepo.config.retention import Retention
-from probepo.schedule import EVERY_RANK, Stage
+from probepo.run.schedule import EVERY_RANK, Stage
 
 DEFAULT_ENV_ALLOW = (
     "PATH",
@@ -91,7 +91,8 @@ and that change where or how a job runs, not what probepo relies on (--signal, -
 
 GPU_BIND_KEEPING_EVERY_GPU = frozenset({"none", "verbose,none"})
 """The --gpu-bind values a profile may give: those that leave every GPU of the job's node visible to each of
-its ranks, which take GPU LOCAL_RANK (probepo/devices.py). The others show a rank only the GPUs it is bound
+its ranks, which take GPU LOCAL_RANK (probepo/run/devices.py). The others show a rank only the GPUs it is
+bound
 to (`closest`: those of its NUMA node, 4 of an 8-GPU two-socket node; `map_gpu`, `mask_gpu`, `per_task`,
 `single`: a list of the site's choosing), so index LOCAL_RANK is past them or another rank's GPU, and
 DeepSpeed and NCCL's NVLink paths want every GPU visible. One GPU per rank is gpus_per_task: 1, which
@@ -108,9 +109,9 @@ def _gpu_bind_refusal(where: str, value: object) -> str | None:
         return None
     return (
         f"{where} = {value} would show each rank only the GPUs SLURM binds it to, while every rank must see"
-        " all of its node's GPUs and take GPU LOCAL_RANK (probepo/devices.py; DeepSpeed and NCCL want them"
-        " all): leave gpu_bind out (or give `none`); for one GPU per rank in a generation-only stage ask"
-        " gpus_per_task: 1 instead"
+        " all of its node's GPUs and take GPU LOCAL_RANK (probepo/run/devices.py; DeepSpeed and NCCL want"
+        " them all): leave gpu_bind out (or give `none`); for one GPU per rank in a generation-only stage"
+        " ask gpus_per_task: 1 instead"
     )
 
 

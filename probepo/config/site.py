@@ -1,7 +1,7 @@
 """A site's settings: what the Prefect deployments of a team open on (store, executor, profile, and the
 team's own recipe presets). `infra/prefect/deploy.sh` writes them into every deployment's parameters: a
 flow run sees the worker's environment, which the UI's form cannot show or change. The command line takes
-its default executor and profile from the same file (probepo/cli_site.py)."""
+its default executor and profile from the same file (probepo/cli/site.py)."""
 
 from __future__ import annotations
 

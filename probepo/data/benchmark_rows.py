@@ -1,7 +1,7 @@
 """How each benchmark file's rows become `BenchmarkProblem`s: ids, problem text, gold answers, solutions.
 
 Each reader knows one file's fields (`/work/shared/benchmarks/README.md`) and writes the gold answers as
-LaTeX that `probepo.grading.grade` accepts. A row missing a usable field raises `BenchmarkFormatError`
+LaTeX that `probepo.grading.judge.grade` accepts. A row missing a usable field raises `BenchmarkFormatError`
 naming the file, the 1-based line and the field.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from probepo.grading import last_boxed
+from probepo.grading.judge import last_boxed
 
 
 class BenchmarkFormatError(ValueError):

@@ -30,8 +30,8 @@ from probepo.data.benchmark_rows import (
     read_minerva_math,
     read_olympiadbench,
 )
-from probepo.grading import grade, unclosed_delimiter
-from probepo.stats import mean_and_stderr
+from probepo.grading.judge import grade, unclosed_delimiter
+from probepo.report.stats import mean_and_stderr
 
 __all__ = [
     "AVG6_BENCHMARKS",
@@ -243,7 +243,8 @@ def load_benchmark(name: str, root: str | os.PathLike[str] | None = None) -> lis
     (root as `benchmarks_root` resolves it). Blank lines are skipped.
 
     A gold answer with a math delimiter that never closes (CollegeMath line 1103: `$-317^{\\circ} ...`) is
-    kept, and graded as its whole text with the delimiters dropped (`probepo.grading.math_of`); a warning
+    kept, and graded as its whole text with the delimiters dropped (`probepo.grading.judge.math_of`); a
+    warning
     names the file and every such line, so that the reading is never silent.
 
     Raises:
@@ -311,7 +312,7 @@ def grade_problems(
     """Score each problem's completions: 1.0 where the last `\\boxed{}` matches any of its golds, else 0.0.
 
     `completions[i]` are the samples for `problems[i]`; the result has the same shape and feeds `mean_at_k`.
-    One `probepo.grading.grade` call grades the whole batch (per-answer `timeout_s`). A multiple-answer
+    One `probepo.grading.judge.grade` call grades the whole batch (per-answer `timeout_s`). A multiple-answer
     problem needs all its parts in that one box: its gold lists them, and math-verify compares them as sets.
     """
     if len(completions) != len(problems):

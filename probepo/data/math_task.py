@@ -1,5 +1,5 @@
 """Maths problems for real language models behind the Task interface: prompt templates per model family,
-tokenizer-aware step boundaries, and boxed-answer rewards graded in worker processes (probepo.grading).
+tokenizer-aware step boundaries, and boxed-answer rewards graded in worker processes (probepo.grading.judge).
 
 Where problems come from is probepo.data.math_sources (benchmark files, reasoning-gym generators); a task
 holds a fixed list of problems per split.
@@ -23,7 +23,7 @@ from probepo.algo.pivots import step_end_from_text
 from probepo.config.run import MATH_INSTRUCTION
 from probepo.data.hf_tokenizer import HFTokenizer
 from probepo.data.task import SPLITS, Problem, Task, golds_of
-from probepo.grading import Reason, grade_with_reasons
+from probepo.grading.judge import Reason, grade_with_reasons
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -88,7 +88,7 @@ class MathTask(Task):
     is row i of its set, and the held-out suite takes rows 0..n-1 of it, each once (`split_size` bounds n).
     `problem(index, split)` takes the index modulo the split's size, which only `Task.batch`'s draws over
     2**40 indices rely on; the seed only names the task. Rewards: 1.0 iff the last `\\boxed{}` of the
-    completion matches one of the golds (probepo.grading, `timeout_s` per answer).
+    completion matches one of the golds (probepo.grading.judge, `timeout_s` per answer).
     `instruction` follows the problem in every template; it must ask for a boxed answer.
     """
 

@@ -1,7 +1,8 @@
 """Engines on a run's policy, built as its config says: a trainer (the testbed's torch engine, Hugging Face's,
 or DeepSpeed's) on a model or a saved policy, and a generation engine (the testbed's, Hugging Face's or
-vLLM's) on a policy folder, refused where the model cannot fit one GPU (probepo.devices), each in a process
-set up for the run's determinism first (probepo.determinism). Where the policy comes from is the stages'
+vLLM's) on a policy folder, refused where the model cannot fit one GPU (probepo.run.devices), each in a
+process
+set up for the run's determinism first (probepo.run.determinism). Where the policy comes from is the stages'
 (probepo.stages.policy); this module only builds."""
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from torch import Tensor
 
 from probepo import spend
 from probepo.config import ModelConfig, RunConfig
-from probepo.determinism import apply_determinism
-from probepo.devices import check_fits_one_gpu, torch_device, weights_bytes
 from probepo.engines.base import GenerationEngine, TrainerEngine
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT, load_model
+from probepo.run.determinism import apply_determinism
+from probepo.run.devices import check_fits_one_gpu, torch_device, weights_bytes
 
 
 def model_dtype(model: ModelConfig) -> torch.dtype:

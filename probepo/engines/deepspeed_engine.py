@@ -17,7 +17,7 @@ with the optimizer state (and, with ZeRO-3, the parameters) sharded over the ran
   bitwise equal to an uninterrupted one on the same ranks. Checkpoint 0 (no step yet) has no shards, so
   it may be written by a one-rank job and trained from by any number of ranks.
 
-The ranks rendezvous through the job's rank environment (`probepo.distributed.join`): a group of one in a
+The ranks rendezvous through the job's rank environment (`probepo.run.distributed.join`): a group of one in a
 single process. bf16 when the model's dtype is bfloat16 (the master weights and moments stay fp32).
 """
 
@@ -35,11 +35,12 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
-from probepo import distributed, spend
+from probepo import spend
 from probepo.engines.base import TrainBatch, TrainerState
 from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
-from probepo.schedule import optimizer_shard_name
+from probepo.run import distributed
+from probepo.run.schedule import optimizer_shard_name
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

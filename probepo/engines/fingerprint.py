@@ -8,7 +8,7 @@ tensor's name; the tensor's sum is taken for two primes p < 2^31, every product 
 int64. A single flipped bit changes one word by d with 0 < |d| < 2^16 < p, so it changes that sum by
 d · M_i · r_c ≢ 0 mod p: always detected; an arbitrary change goes unseen with probability about 2^-62.
 Sums over tensors are order-independent, so each rank of a job hashes a share of the tensors and one
-integer all-reduce combines them (`probepo.distributed.sum_over_ranks`). Names, dtypes and shapes go into
+integer all-reduce combines them (`probepo.run.distributed.sum_over_ranks`). Names, dtypes and shapes go into
 a sha256 beside it.
 """
 
@@ -21,7 +21,8 @@ from functools import cache
 import torch
 from torch import Tensor
 
-from probepo import distributed, spend
+from probepo import spend
+from probepo.run import distributed
 
 PRIMES = (2_147_483_629, 2_147_483_587)
 """The two moduli: primes just below 2^31."""

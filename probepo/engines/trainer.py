@@ -24,7 +24,7 @@ from probepo.engines.base import MinibatchCallback, TrainBatch, TrainerState
 from probepo.engines.fingerprint import weights_fingerprint
 from probepo.engines.packing import response_logits, token_logp_entropy
 from probepo.models.gpt import GPT, load_model, save_model
-from probepo.schedule import OPTIMIZER_STATE_PREFIX
+from probepo.run.schedule import OPTIMIZER_STATE_PREFIX
 
 OPTIMIZER_FILE = f"{OPTIMIZER_STATE_PREFIX}.safetensors"
 TRAINER_FILE = "trainer.json"

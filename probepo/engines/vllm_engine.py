@@ -297,14 +297,14 @@ class PolicyReload:
 @contextmanager
 def _engine_per_rank(llm_options: dict[str, Any]) -> Iterator[None]:
     """vLLM's executor for an engine of its own on this rank's GPU. In a job whose ranks joined a process
-    group (probepo.distributed) it is `external_launcher`: vLLM takes the group's ranks as independent
+    group (probepo.run.distributed) it is `external_launcher`: vLLM takes the group's ranks as independent
     replicas of one GPU each ("external DP": its tensor, pipeline and data parallel groups are of size 1, so
     no rank waits for another while generating), on device LOCAL_RANK, which is set here to the rank's index
-    among its visible GPUs (probepo.devices: a task shown one GPU takes index 0). Building the engine is
+    among its visible GPUs (probepo.run.devices: a task shown one GPU takes index 0). Building the engine is
     collective (vLLM makes its groups and agrees on the smallest KV cache), as every rank of a generating
     stage builds one. Alone, the `uni` executor: one worker in this process, on GPU 0."""
-    from probepo import distributed
-    from probepo.devices import gpu_index
+    from probepo.run import distributed
+    from probepo.run.devices import gpu_index
 
     if not distributed.initialized() or "distributed_executor_backend" in llm_options:
         llm_options.setdefault("distributed_executor_backend", "uni")

@@ -4,7 +4,7 @@ probepo.methods.advantages) and their diagnostics."""
 from __future__ import annotations
 
 from probepo.methods import method_for
-from probepo.schedule import ADVANTAGES, Stage
+from probepo.run.schedule import ADVANTAGES, Stage
 from probepo.stages.common import StageInputs
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes

@@ -7,7 +7,7 @@ from probepo.engines.base import TrainBatch
 from probepo.methods import method_for
 from probepo.methods.advantages import LOSS_MASK
 from probepo.methods.inputs import TrainingRows
-from probepo.schedule import ADVANTAGES, SCORES, Stage
+from probepo.run.schedule import ADVANTAGES, SCORES, Stage
 from probepo.stages.common import StageInputs, read_tensors
 from probepo.stages.context import StageContext
 

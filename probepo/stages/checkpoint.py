@@ -11,7 +11,7 @@ from typing import Any
 from probepo.engines.base import TrainerEngine
 from probepo.engines.build import model_dtype, new_trainer
 from probepo.models.gpt import load_model
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages import warmup
 from probepo.stages.committed import saved_trainer
 from probepo.stages.context import StageContext

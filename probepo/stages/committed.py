@@ -11,9 +11,10 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
-from probepo import distributed, spend
+from probepo import spend
 from probepo.engines.base import TrainerEngine
-from probepo.schedule import Stage, is_optimizer_state, optimizer_shard_rank
+from probepo.run import distributed
+from probepo.run.schedule import Stage, is_optimizer_state, optimizer_shard_rank
 from probepo.stages.common import policy_files
 from probepo.stages.context import StageContext
 from probepo.stages.location import Committed

@@ -1,6 +1,6 @@
 """What several stages share: the task, and the committed inputs of update k (rollouts, trees, tensors),
 which the method table's rules read through `StageInputs`, each from the folder of the stage that the stage
-table says writes it (probepo.schedule.STAGES, where the files' names live). The training batch: batch.py;
+table says writes it (probepo.run.schedule.STAGES, where the files' names live). The training batch: batch.py;
 the engines on policy k: policy.py."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from probepo.data import Problem, Task, build_task
 from probepo.engines.base import SamplingParams
 from probepo.methods.inputs import Rollouts
 from probepo.presets import ConfigError
-from probepo.schedule import PIVOTS, ROLLOUTS, SCORES, TREE, VALUES, written_by
+from probepo.run.schedule import PIVOTS, ROLLOUTS, SCORES, TREE, VALUES, written_by
 from probepo.stages.context import StageContext
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 

@@ -14,9 +14,10 @@ from os import PathLike
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from probepo import distributed, spend
+from probepo import spend
 from probepo.config import RunConfig
-from probepo.faults import fault_point
+from probepo.run import distributed
+from probepo.run.faults import fault_point
 from probepo.store import AlreadyCommitted, ArtifactStore
 
 if TYPE_CHECKING:

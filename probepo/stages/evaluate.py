@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
 from probepo.engines.sampler import call_plan, chunk_plan
-from probepo.schedule import EVAL_RESULTS, Stage
+from probepo.report.stats import mean_and_stderr
+from probepo.run.schedule import EVAL_RESULTS, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine
 from probepo.stages.shards import ShardBook, calls_within, generate_in_shards, graded_over_ranks
-from probepo.stats import mean_and_stderr
 from probepo.store.formats import table_to_parquet
 
 STAGE = Stage.EVALUATE

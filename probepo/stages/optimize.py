@@ -19,9 +19,9 @@ from __future__ import annotations
 from probepo import spend
 from probepo.engines.build import load_trainer
 from probepo.engines.trainer import combine_metrics
-from probepo.faults import fault_point
-from probepo.preemption import Preempted
-from probepo.schedule import Stage, full_checkpoint
+from probepo.run.faults import fault_point
+from probepo.run.preemption import Preempted
+from probepo.run.schedule import Stage, full_checkpoint
 from probepo.stages.batch import training_batch
 from probepo.stages.committed import fetch_policy, saved_trainer
 from probepo.stages.context import StageContext

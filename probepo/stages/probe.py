@@ -12,7 +12,7 @@ import torch
 
 from probepo.algo.advantage import group_stats, shrink_values
 from probepo.methods import method_for
-from probepo.schedule import PIVOTS, VALUES, Stage
+from probepo.run.schedule import PIVOTS, VALUES, Stage
 from probepo.stages.common import read_rollouts, read_tensors, response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine

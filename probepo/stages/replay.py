@@ -15,7 +15,7 @@ from probepo import spend
 from probepo.engines.base import TrainerEngine
 from probepo.engines.build import load_trainer
 from probepo.engines.fingerprint import weights_digest
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.batch import training_batch
 from probepo.stages.committed import at_update, fetch_policy
 from probepo.stages.context import StageContext

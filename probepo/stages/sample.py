@@ -13,7 +13,7 @@ from probepo.data.task import RL_STREAM, golds_of
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams
 from probepo.methods import method_for
 from probepo.methods.trees import Forest, TreeGrower
-from probepo.schedule import ROLLOUTS, TREE, Stage
+from probepo.run.schedule import ROLLOUTS, TREE, Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.policy import generation_engine

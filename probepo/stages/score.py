@@ -5,7 +5,7 @@ logits divided by the sampling temperature."""
 from __future__ import annotations
 
 from probepo import spend
-from probepo.schedule import SCORES, Stage
+from probepo.run.schedule import SCORES, Stage
 from probepo.stages.batch import training_rows
 from probepo.stages.context import StageContext
 from probepo.stages.policy import scoring_engine

@@ -7,7 +7,7 @@ from torch import Tensor
 
 from probepo.methods import method_for
 from probepo.methods.inputs import Rollouts
-from probepo.schedule import PIVOTS, Stage
+from probepo.run.schedule import PIVOTS, Stage
 from probepo.stages.common import StageInputs, read_rollouts
 from probepo.stages.context import StageContext
 from probepo.store.formats import tensors_to_bytes

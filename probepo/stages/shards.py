@@ -14,7 +14,7 @@ token budget (`calls_within`, stages/evaluate.py's EVAL_SHARD_TOKENS), so that t
 ends within its job's grace window and what the stop interrupts is short.
 
 Where the shards are kept is a ShardBook: a stage's go to the run's ledger (LedgerShards); an evaluation
-after the fact keeps its own beside the run's evaluations (probepo.evaluations), never in the ledger.
+after the fact keeps its own beside the run's evaluations (probepo.run.evaluations), never in the ledger.
 
 A job with more ranks than a step has calls (16 ranks of two 8-GPU nodes, a study recipe's `shards: 8`)
 leaves the ranks beyond them idle in that step, and the calls are never split further for them: a chunk is
@@ -35,14 +35,15 @@ from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from probepo import distributed, spend
+from probepo import spend
 from probepo.config import RunConfig
 from probepo.data import Problem, Task
-from probepo.devices import assigned_gpu, gpu_index
 from probepo.engines.base import Completion, GenerationEngine, SamplingParams, call_chunks
 from probepo.engines.sampler import call_plan, chunk_plan
-from probepo.faults import fault_point
-from probepo.preemption import Preempted
+from probepo.run import distributed
+from probepo.run.devices import assigned_gpu, gpu_index
+from probepo.run.faults import fault_point
+from probepo.run.preemption import Preempted
 from probepo.stages.context import StageContext
 from probepo.store import AlreadyCommitted
 from probepo.store.errors import FormatError

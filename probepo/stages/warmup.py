@@ -17,7 +17,7 @@ from probepo.data.task import WARMUP_CHECK_STREAM
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.sft import accuracy, sft_steps
 from probepo.models.gpt import GPT, save_model
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.stages.common import sampling_params, task_of
 from probepo.stages.context import StageContext, derive_seed
 

@@ -260,7 +260,7 @@ def _prune_checkpoints(
     """Apply `retention` (None: nothing) to the run's checkpoints; the lines that say what it did."""
     if retention is None:
         return []
-    from probepo.evaluations import retain_checkpoints  # reads recipes and suites: loads torch
+    from probepo.run.evaluations import retain_checkpoints  # reads recipes and suites: loads torch
 
     report = retain_checkpoints(store, run, retention, dry_run=dry_run)
     verb = "would prune" if dry_run else "pruned"

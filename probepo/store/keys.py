@@ -10,7 +10,7 @@ import re
 import uuid
 from datetime import UTC, datetime
 
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.store.errors import InvalidKey
 
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")

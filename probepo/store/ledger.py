@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 
-from probepo.schedule import Stage, stages_for_update
+from probepo.run.schedule import Stage, stages_for_update
 from probepo.store.formats import format_bytes
 from probepo.store.lease import holder_is_dead, read_lease
 from probepo.store.records import AttemptOutcome

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from probepo.schedule import Stage
+from probepo.run.schedule import Stage
 from probepo.store.errors import CorruptArtifact, NotCommitted, ObjectMissing, StoreError
 from probepo.store.formats import from_json_bytes, to_json_bytes
 from probepo.store.keys import RunLayout, new_attempt_id, utc_now

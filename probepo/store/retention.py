@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from probepo.config.retention import Retention
-from probepo.schedule import Stage, is_optimizer_state
+from probepo.run.schedule import Stage, is_optimizer_state
 from probepo.store.errors import StoreError
 from probepo.store.formats import to_json_bytes
 from probepo.store.keys import RunLayout, utc_now

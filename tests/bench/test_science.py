@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from probepo.report import RunCurves
-from probepo.stats import paired_t_power
+from probepo.report.stats import paired_t_power
+from probepo.report.summary import RunCurves
 from probepo.store import open_store
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))

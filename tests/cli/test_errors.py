@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import typer
 
-from probepo.cli_train import _train
+from probepo.cli.train import _train
 from probepo.config import ExecutionProfile
-from probepo.execution import StageRequest
 from probepo.presets import ConfigError
+from probepo.run.execution import StageRequest
 from probepo.stages.context import StageContext
 from slurm.accounting import SlurmUnavailable
 from slurm.backends import SubmitFailed, SubmitRefused

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probepo.faults import CRASH_ENV
+from probepo.run.faults import CRASH_ENV
 from probepo.store import ArtifactStore
 from probepo.store.formats import to_json_bytes
 from probepo.store.keys import RunLayout

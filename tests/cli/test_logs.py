@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from probepo.config import ExecutionProfile
-from probepo.pipeline import train
+from probepo.run.pipeline import train
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config
 

@@ -48,7 +48,7 @@ def two_updates(engine: TrainerEngine, after_first: Any = None) -> tuple[list[di
 
 
 def _join() -> None:
-    from probepo import distributed
+    from probepo.run import distributed
     from slurm.ranks import job_ranks
 
     torch.set_num_threads(1)
@@ -61,9 +61,9 @@ def two_updates_on_ranks(model_folder: str, zero_stages: list[int], out: str) ->
     a fresh engine resumes from. Rank 0 writes the final weights (`<out>/zero<stage>/final.safetensors`);
     every rank returns, per stage, its metrics and whether the resumed engine's weights and optimizer
     shard equal the straight one's."""
-    from probepo import distributed
     from probepo.engines.deepspeed_engine import DeepSpeedTrainerEngine
     from probepo.engines.hf import load_policy
+    from probepo.run import distributed
 
     _join()
     results = []
@@ -129,9 +129,9 @@ def replay_optimize_on_ranks(
     committed as checkpoint `update` + 1 (every rank of the job must call it)."""
     from safetensors.torch import load_file
 
-    from probepo import distributed
     from probepo.config import RunConfig
-    from probepo.schedule import Stage, optimizer_shard_name
+    from probepo.run import distributed
+    from probepo.run.schedule import Stage, optimizer_shard_name
     from probepo.stages.batch import training_batch
     from probepo.stages.committed import at_update, fetch_policy
     from probepo.stages.context import StageContext

@@ -82,9 +82,9 @@ def test_two_ranks_in_one_slurm_job_match_the_hugging_face_engine_and_resume_bit
 def test_a_checkpoint_of_two_ranks_is_refused_on_one_naming_what_to_resume_with(
     on_two_slurm_ranks, tiny_qwen
 ):
-    from probepo import distributed
     from probepo.engines.deepspeed_engine import DeepSpeedTrainerEngine
     from probepo.engines.hf import load_policy
+    from probepo.run import distributed
 
     _, out = on_two_slurm_ranks
     checkpoint = out / "zero2" / "after-update-1"

@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from probepo.config import ExecutionProfile, StageResources
-from probepo.execution import StageRequest
-from probepo.faults import CRASH_ENV, STOP_ENV
+from probepo.run.execution import StageRequest
+from probepo.run.faults import CRASH_ENV, STOP_ENV
 from probepo.stages.context import StageContext
 from probepo.store import open_store
 from slurm import make_runner

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 
 from probepo.config import ExecutionProfile, StageResources
-from probepo.faults import CRASH_ENV
-from probepo.pipeline import train
+from probepo.run.faults import CRASH_ENV
+from probepo.run.pipeline import train
 from probepo.store import open_store
 from slurm import make_runner
 from tests.deepspeed.ranks_job import replay_on_two_local_ranks

@@ -24,8 +24,8 @@ import pytest
 import yaml
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
-from probepo.faults import CRASH_ENV, STOP_ENV
-from probepo.pipeline import train
+from probepo.run.faults import CRASH_ENV, STOP_ENV
+from probepo.run.pipeline import train
 from probepo.store import ArtifactStore, open_store
 from slurm import make_runner
 from tests.hf.tiny_qwen import qwen_config

@@ -23,7 +23,7 @@ from uuid import UUID
 import pytest
 import yaml
 
-from probepo.pipeline import train
+from probepo.run.pipeline import train
 from tests.flows import NEEDS_PREFECT
 from tests.pipeline.conftest import tiny_config
 from tests.slurm.drill import accounted_states

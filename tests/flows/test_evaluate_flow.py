@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from probepo.config import CheckpointSelection
-from probepo.pipeline import ensure_warmup, train
+from probepo.run.pipeline import ensure_warmup, train
 from probepo.store import open_store
 from tests.flows import NEEDS_PREFECT
 from tests.flows.test_launch import _artifact

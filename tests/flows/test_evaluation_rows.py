@@ -6,7 +6,7 @@ the artifact of a maths night: tests/flows/test_evaluate_flow.py."""
 from __future__ import annotations
 
 from flows.evaluate import evaluation_row, gpu_hours
-from probepo.evaluations import EvaluationRequest
+from probepo.run.evaluations import EvaluationRequest
 from slurm.accounting import JobCost
 from slurm.arrays import ItemOutcome
 

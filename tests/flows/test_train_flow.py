@@ -10,8 +10,8 @@ from uuid import UUID
 
 import pytest
 
-from probepo.pipeline import train
-from probepo.schedule import stages_for_update
+from probepo.run.pipeline import train
+from probepo.run.schedule import stages_for_update
 from slurm.accounting import job_costs
 from slurm.costs import run_costs
 from tests.flows import NEEDS_PREFECT

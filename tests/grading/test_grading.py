@@ -1,4 +1,4 @@
-"""probepo.grading.grade: boxed-only rewards, equivalence, input checks, and robustness to adversarial
+"""probepo.grading.judge.grade: boxed-only rewards, equivalence, input checks, and robustness to adversarial
 completions (deadline, SIGKILL and replacement of stuck workers, memory cap, no torch in workers)."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from probepo import grading
-from probepo.grading import ANSWER_CAP_CHARS, grade, last_boxed
+from probepo.grading import judge as grading
+from probepo.grading.judge import ANSWER_CAP_CHARS, grade, last_boxed
 
 BENCHMARKS = Path(__file__).resolve().parents[2].parent / "shared" / "benchmarks"
 

@@ -1,4 +1,5 @@
-"""The answer formats of docs/GRADING.md's parity table, graded by probepo.grading (one batch for all), and
+"""The answer formats of docs/GRADING.md's parity table, graded by probepo.grading.judge (one batch for all),
+and
 the rules behind them: the math of a gold or a box (`math_of`), and the loader's report of golds whose
 math delimiter never closes."""
 
@@ -10,7 +11,7 @@ import logging
 import pytest
 
 from probepo.data.benchmarks import load_benchmark
-from probepo.grading import grade_with_reasons, math_of, unclosed_delimiter
+from probepo.grading.judge import grade_with_reasons, math_of, unclosed_delimiter
 from tests.grading.test_grading import BENCHMARKS
 
 PROSE = "$R=0$, converges only when $x=2$"

@@ -18,10 +18,10 @@ import yaml
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from probepo.data.benchmarks import benchmarks_root
-from probepo.faults import CRASH_ENV, STOP_ENV
-from probepo.pipeline import train
-from probepo.report import write_report
-from probepo.schedule import TRAINING_STAGES
+from probepo.report.summary import write_report
+from probepo.run.faults import CRASH_ENV, STOP_ENV
+from probepo.run.pipeline import train
+from probepo.run.schedule import TRAINING_STAGES
 from probepo.store import open_store
 from probepo.store.formats import table_from_parquet
 from tests.hf.tiny_qwen import qwen_config

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from probepo.config import RunConfig
-from probepo.faults import CRASH_ENV, STOP_ENV
+from probepo.run.faults import CRASH_ENV, STOP_ENV
 
 
 def tiny_config(algorithm: str = "probepo", **fields: object) -> RunConfig:

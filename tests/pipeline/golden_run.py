@@ -13,7 +13,7 @@ import sys
 import torch
 
 from probepo import spend
-from probepo.pipeline import ensure_warmup, train
+from probepo.run.pipeline import ensure_warmup, train
 from probepo.store import ArtifactStore, open_store
 from tests.pipeline.conftest import tiny_config
 from tests.pipeline.portable import portable_kernels

@@ -1,4 +1,4 @@
-"""A committed checkpoint's sizes as the spend model takes them (probepo/spend_model.py: PolicySizes), from
+"""A committed checkpoint's sizes as the spend model takes them (probepo/spend/model.py: PolicySizes), from
 its files as the store holds them: shared by tests/pipeline/test_spend_model.py and bench/overhead.py."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from probepo.checks.model import safetensors_tensor_bytes
-from probepo.schedule import Stage
-from probepo.spend_model import PolicySizes
+from probepo.run.schedule import Stage
+from probepo.spend.model import PolicySizes
 from probepo.store import ArtifactStore
 
 

@@ -18,12 +18,13 @@ import pytest
 import yaml
 from safetensors.torch import load
 
-from probepo import execution, spend
+from probepo import spend
 from probepo.engines.fingerprint import weights_digest
 from probepo.engines.sampler import TorchGenerationEngine
-from probepo.execution import StageRequest
-from probepo.pipeline import train
-from probepo.schedule import Stage
+from probepo.run import execution
+from probepo.run.execution import StageRequest
+from probepo.run.pipeline import train
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.replay import FINGERPRINT, LEGACY_DIGEST
 from probepo.store import ArtifactStore

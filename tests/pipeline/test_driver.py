@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probepo.driver_lease import LeaseKeeper
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV
-from probepo.pipeline import train
-from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import with_overrides
+from probepo.run.driver_lease import LeaseKeeper
+from probepo.run.faults import PAUSE_ENV, PAUSE_MARK_ENV
+from probepo.run.pipeline import train
+from probepo.run.preemption import PREEMPTED_EXIT, Preempted
 from probepo.store import ArtifactStore, LeaseHeld, LeaseLost, RunConfigMismatch, acquire_lease
 from probepo.store.formats import to_json_bytes
 from probepo.store.keys import RunLayout

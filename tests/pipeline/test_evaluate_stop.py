@@ -11,10 +11,10 @@ import threading
 import pytest
 
 from probepo.config import RunConfig
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV
-from probepo.pipeline import train
-from probepo.preemption import Preempted
 from probepo.presets import with_overrides
+from probepo.run.faults import PAUSE_ENV, PAUSE_MARK_ENV
+from probepo.run.pipeline import train
+from probepo.run.preemption import Preempted
 from probepo.stages import evaluate
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config

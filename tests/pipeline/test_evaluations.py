@@ -1,4 +1,4 @@
-"""Checkpoints evaluated after the fact (probepo/evaluations.py): the selected pairs that lack an
+"""Checkpoints evaluated after the fact (probepo/run/evaluations.py): the selected pairs that lack an
 evaluation, each committed create-only beside its run, the same numbers as the run's own evaluate stage
 (which are taken instead where the run made them), from the weights alone."""
 
@@ -12,10 +12,10 @@ import pytest
 
 from probepo.config import CheckpointSelection, Retention
 from probepo.data.benchmarks import AVG6_BENCHMARKS, BENCHMARKS
-from probepo.evaluations import EvaluationRequest, adopt_run_evaluation, evaluate_checkpoint, missing
-from probepo.pipeline import run_record, train
 from probepo.presets import load_run_config
-from probepo.schedule import Stage
+from probepo.run.evaluations import EvaluationRequest, adopt_run_evaluation, evaluate_checkpoint, missing
+from probepo.run.pipeline import run_record, train
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.evaluate import benchmark_suite
 from probepo.stages.warmup import warmup_run_id
@@ -164,7 +164,7 @@ def test_a_stopped_evaluation_keeps_its_shards_and_resumes_to_an_uninterrupted_o
     """Stopped after the first of its four engine calls, that one is kept; a torn shard is named with what
     to do; the next run makes only what is missing, and the numbers equal those of a twin run's
     uninterrupted evaluation. The record names every array task that worked on it (their GPU-hours)."""
-    from probepo.preemption import Preempted
+    from probepo.run.preemption import Preempted
 
     stopped = EvaluationRequest(sharded.url, "shards-a", 1, "heldout")
     kept = lambda: sharded.evaluation_shard_names("shards-a", 1, "heldout")  # noqa: E731
@@ -206,7 +206,7 @@ def test_a_stopped_evaluation_keeps_its_shards_and_resumes_to_an_uninterrupted_o
 def test_an_evaluation_whose_shards_a_concurrent_one_dropped_ends_as_existing(sharded):
     """An on-demand evaluation beside the nightly's task of the same pair: the other commits it and drops
     the shards while this one still reads them, and this one returns `exists`, leaving no shard behind."""
-    from probepo.preemption import Preempted
+    from probepo.run.preemption import Preempted
 
     request = EvaluationRequest(sharded.url, "shards-a", 2, "heldout")
     kept = lambda: sharded.evaluation_shard_names("shards-a", 2, "heldout")  # noqa: E731

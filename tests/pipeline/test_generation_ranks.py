@@ -15,14 +15,14 @@ import pytest
 import submitit
 import torch
 
-from probepo import distributed
 from probepo.config import RunConfig
 from probepo.data.task import RL_STREAM
 from probepo.engines.base import Chunk, Completion, SamplingParams
 from probepo.engines.sampler import TorchGenerationEngine, call_plan, chunk_plan
 from probepo.models.gpt import GPT
 from probepo.presets import load_run_config
-from probepo.schedule import Stage
+from probepo.run import distributed
+from probepo.run.schedule import Stage
 from probepo.stages.common import response_budget, sampling_params, task_of
 from probepo.stages.context import StageContext
 from probepo.stages.shards import (

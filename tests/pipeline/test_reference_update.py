@@ -15,9 +15,9 @@ from probepo.config import RunConfig
 from probepo.engines.base import TrainerEngine
 from probepo.engines.build import load_trainer, new_generator
 from probepo.methods import METHODS, method_for
-from probepo.pipeline import train
 from probepo.reference_update import UpdateResult, reference_update
-from probepo.schedule import ADVANTAGES, PIVOTS, VALUES, Stage
+from probepo.run.pipeline import train
+from probepo.run.schedule import ADVANTAGES, PIVOTS, VALUES, Stage
 from probepo.stages.batch import training_batch
 from probepo.stages.common import read_rollouts, read_tensors
 from probepo.stages.context import StageContext

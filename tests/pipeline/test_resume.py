@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from probepo.pipeline import train
+from probepo.run.pipeline import train
 from probepo.store import ArtifactStore, CorruptArtifact
 from tests.pipeline.conftest import tiny_config, train_cli
 

@@ -11,10 +11,10 @@ import yaml
 
 from probepo.config import CheckpointSelection, Retention
 from probepo.data.benchmarks import AVG6_BENCHMARKS
-from probepo.evaluations import missing, retain_checkpoints
-from probepo.faults import STOP_ENV
-from probepo.pipeline import train
-from probepo.preemption import Preempted
+from probepo.run.evaluations import missing, retain_checkpoints
+from probepo.run.faults import STOP_ENV
+from probepo.run.pipeline import train
+from probepo.run.preemption import Preempted
 from probepo.store import open_store
 from probepo.store.keys import RunLayout
 from probepo.store.retention import holds, is_part, plan_retention, prune_parts

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from probepo.pipeline import train
-from probepo.schedule import TRAINING_STAGES
+from probepo.run.pipeline import train
+from probepo.run.schedule import TRAINING_STAGES
 from tests.pipeline.conftest import tiny_config
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from probepo.pipeline import train
-from probepo.report import write_report
-from probepo.schedule import is_optimizer_state
+from probepo.report.summary import write_report
+from probepo.run.pipeline import train
+from probepo.run.schedule import is_optimizer_state
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config
 

@@ -1,4 +1,4 @@
-"""The spend model (probepo/spend_model.py: what `probepo check` prints and bench/overhead.py extrapolates to
+"""The spend model (probepo/spend/model.py: what `probepo check` prints and bench/overhead.py extrapolates to
 7B with) predicts, byte for byte, what a real run's counters record: a plain update and a checkpoint update
 of the tiny recipe under the inline executor, engines resident."""
 
@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from probepo.pipeline import train
-from probepo.spend_model import UpdateShape, estimate
+from probepo.run.pipeline import train
+from probepo.spend.model import UpdateShape, estimate
 from probepo.store import ArtifactStore
 from tests.pipeline.conftest import tiny_config
 from tests.pipeline.sizes import committed_sizes

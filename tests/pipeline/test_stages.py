@@ -11,10 +11,10 @@ from probepo.algo.advantage import group_advantages, group_stats, redistribute, 
 from probepo.data import build_task
 from probepo.methods.inputs import Rollouts
 from probepo.models.gpt import load_model
-from probepo.pipeline import train
 from probepo.presets import with_overrides
-from probepo.report import load_curves, write_report
-from probepo.schedule import TRAINING_STAGES
+from probepo.report.summary import load_curves, write_report
+from probepo.run.pipeline import train
+from probepo.run.schedule import TRAINING_STAGES
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.stages.select import choose_pivots

@@ -14,8 +14,8 @@ import yaml
 
 from probepo.config import RunConfig
 from probepo.methods.advantages import LOSS_MASK
-from probepo.pipeline import train
-from probepo.schedule import ADVANTAGES, ROLLOUTS, SCORES, TREE
+from probepo.run.pipeline import train
+from probepo.run.schedule import ADVANTAGES, ROLLOUTS, SCORES, TREE
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 from tests.pipeline.conftest import FINAL_FILES, tiny_config, train_cli

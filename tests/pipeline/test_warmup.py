@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from probepo.pipeline import ensure_warmup
 from probepo.presets import with_overrides
+from probepo.run.pipeline import ensure_warmup
 from probepo.stages import warmup
 from probepo.store import open_store
 from tests.pipeline.conftest import tiny_config

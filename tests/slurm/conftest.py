@@ -54,7 +54,7 @@ def drill_config(**fields):
 @pytest.fixture(scope="session")
 def drill_baseline(warm_store: ArtifactStore) -> dict[str, bytes]:
     """The drill recipe's final checkpoint, trained inline."""
-    from probepo.pipeline import train
+    from probepo.run.pipeline import train
 
     train(drill_config(), "drill-inline", store=warm_store)
     final = warm_store.read_stage("drill-inline", 1, "checkpoint")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
+from probepo.run.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
 from probepo.store import ArtifactStore
 
 TIMEOUT_S = 240.0

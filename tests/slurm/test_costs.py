@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from probepo.cli import app
-from probepo.pipeline import train
+from probepo.run.pipeline import train
 from probepo.store import ArtifactStore
 from slurm.accounting import job_costs, job_states
 from slurm.tables import duration

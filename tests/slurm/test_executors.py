@@ -16,9 +16,9 @@ import pytest
 import yaml
 
 from probepo.config import ExecutionProfile, StageResources
-from probepo.pipeline import train
 from probepo.presets import load_profile
-from probepo.schedule import TRAINING_STAGES
+from probepo.run.pipeline import train
+from probepo.run.schedule import TRAINING_STAGES
 from probepo.store import open_store
 from slurm import make_runner
 from tests.slurm.conftest import drill_config

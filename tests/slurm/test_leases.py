@@ -13,9 +13,9 @@ from collections.abc import Iterator
 
 import pytest
 
-from probepo.driver_lease import LEASE_TTL_S, take_lease
-from probepo.execution import StageRequest
-from probepo.schedule import Stage
+from probepo.run.driver_lease import LEASE_TTL_S, take_lease
+from probepo.run.execution import StageRequest
+from probepo.run.schedule import Stage
 from probepo.store import ArtifactStore, JobOutcome, LeaseHeld, open_store, read_lease
 from probepo.store.formats import to_json_bytes
 from probepo.store.keys import RunLayout

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from probepo.config import RunConfig
-from probepo.evaluations import EvaluationRequest, evaluate_checkpoint
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
-from probepo.pipeline import train
 from probepo.presets import load_profile
+from probepo.run.evaluations import EvaluationRequest, evaluate_checkpoint
+from probepo.run.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
+from probepo.run.pipeline import train
 from slurm.arrays import ItemOutcome, run_array
 from tests.pipeline.conftest import tiny_config
 from tests.slurm.drill import accounted_states

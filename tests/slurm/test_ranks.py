@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from probepo.config import ExecutionProfile, StageResources
-from probepo.pipeline import train
+from probepo.run.pipeline import train
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet, tensors_from_bytes
 from tests.pipeline.conftest import tiny_config

@@ -28,7 +28,7 @@ import boto3
 import pytest
 import yaml
 
-from probepo.pipeline import ensure_warmup
+from probepo.run.pipeline import ensure_warmup
 from probepo.store import ArtifactStore, open_store
 from probepo.store.s3 import _session as store_sessions
 from slurm.job_ends import STORE_CAUSE

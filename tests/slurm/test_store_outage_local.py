@@ -14,8 +14,8 @@ import boto3
 import pytest
 
 from probepo.config import ExecutionProfile, StageResources
-from probepo.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
-from probepo.pipeline import train
+from probepo.run.faults import PAUSE_ENV, PAUSE_MARK_ENV, PAUSE_RELEASE_ENV
+from probepo.run.pipeline import train
 from probepo.store import open_store
 from probepo.store.outage import RIDER, OutageBudget
 from probepo.store.s3 import _session as store_sessions

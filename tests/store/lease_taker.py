@@ -12,7 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-from probepo.driver_lease import take_lease
+from probepo.run.driver_lease import take_lease
 from probepo.store import LeaseHeld, open_store
 from probepo.store.keys import RunLayout
 

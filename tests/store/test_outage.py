@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 
 from probepo import spend
-from probepo.driver_lease import LeaseKeeper
+from probepo.run.driver_lease import LeaseKeeper
 from probepo.store import AlreadyCommitted, LeaseHeld, LeaseLost, acquire_lease, open_store, read_lease
 from probepo.store.keys import new_attempt_id
 from probepo.store.outage import OutageBudget, Rider
@@ -34,7 +34,7 @@ def rider(monkeypatch: pytest.MonkeyPatch) -> Iterator[Rider]:
     """A rider of the test's own (the process's keeps no outage of a test behind), waiting up to 60 s."""
     fresh = Rider()
     monkeypatch.setattr("probepo.store.s3.RIDER", fresh)
-    monkeypatch.setattr("probepo.driver_lease.RIDER", fresh)
+    monkeypatch.setattr("probepo.run.driver_lease.RIDER", fresh)
     with fresh.configured(OutageBudget(60)):
         yield fresh
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from probepo.config import StageResources
-from probepo.execution import StageRequest
+from probepo.run.execution import StageRequest
 from probepo.store import ArtifactStore, AttemptOutcome
 from slurm.accounting import JobInfo
 from slurm.backends import JobFunction

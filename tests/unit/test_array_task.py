@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 import slurm.job
-from probepo.preemption import PREEMPTED_EXIT, Preempted
+from probepo.run.preemption import PREEMPTED_EXIT, Preempted
 from slurm.job import AbandoningStop, TaskAbandoned
 
 

@@ -12,8 +12,8 @@ from prefect.states import Cancelled, Cancelling, Crashed, Running
 from flows.cancelled import restore
 from flows.runner import task_name
 from flows.train import cancel_line
-from probepo.execution import StageRequest
-from probepo.schedule import Stage
+from probepo.run.execution import StageRequest
+from probepo.run.schedule import Stage
 
 OURS = "run r1 cancelled; jobs ended: 12, 13; to go on, run the resume deployment with run_id r1"
 RUNNERS = "Flow run was cancelled successfully."

@@ -95,8 +95,8 @@ def test_configs_are_immutable_and_overrides_are_validated():
 
 
 def test_checkpoint_every_is_validated_and_not_part_of_the_recipe():
-    from probepo.pipeline import run_record
-    from probepo.schedule import full_checkpoint
+    from probepo.run.pipeline import run_record
+    from probepo.run.schedule import full_checkpoint
 
     with pytest.raises(ValidationError, match="checkpoint_every"):
         RunConfig(checkpoint_every=0)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from probepo.costs import RunCosts, StageCost
+from probepo.report.costs import RunCosts, StageCost
 from slurm.accounting import JobCost, parse_costs
 from slurm.costs import attribute, costs_table, stage_totals
 from slurm.tables import duration, jobs_table

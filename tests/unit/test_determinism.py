@@ -17,13 +17,13 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from probepo import determinism
 from probepo.config import RunConfig
-from probepo.demo import arm_runs
-from probepo.faults import STOP_ENV
-from probepo.pipeline import freeze_recipe, run_record, train
-from probepo.preemption import Preempted
 from probepo.presets import load_run_config, with_overrides
+from probepo.run import determinism
+from probepo.run.demo import arm_runs
+from probepo.run.faults import STOP_ENV
+from probepo.run.pipeline import freeze_recipe, run_record, train
+from probepo.run.preemption import Preempted
 from probepo.stages.replay import FINGERPRINT
 from probepo.store import Ledger, RunConfigMismatch, open_store
 from tests.pipeline.conftest import tiny_config

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from probepo.devices import ModelPastOneGPU, TooFewGPUs, assigned_gpu, check_fits_one_gpu, gpu_index
+from probepo.run.devices import ModelPastOneGPU, TooFewGPUs, assigned_gpu, check_fits_one_gpu, gpu_index
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("probepo", "flows", "slurm")
-CLI = ("probepo.cli", "probepo.cli_runs", "probepo.cli_site", "probepo.cli_train")
-"""The face: the only modules of probepo/ that launch flows and jobs."""
-CONFIG_MAY_IMPORT = ("probepo.config", "probepo.schedule", "probepo.errors")
+CONFIG_MAY_IMPORT = ("probepo.config", "probepo.run.schedule", "probepo.errors")
 """What probepo/config/ may import of the project: itself and the modules below it that it reads."""
 CONFIG_THIRD_PARTY = {"pydantic", "annotated_types"}
 CHECKS_MAY_IMPORT = (
@@ -26,17 +24,14 @@ CHECKS_MAY_IMPORT = (
     "probepo.errors",
     "probepo.methods",
     "probepo.presets",
-    "probepo.schedule",
-    "probepo.spend_model",
+    "probepo.run.schedule",
+    "probepo.spend.model",
     "probepo.stages",
     "probepo.store",
 )
 """What probepo/checks/ may import of the project: the library it judges a launch by (the recipe and its
 composition, the data, the engines' file names, the method table, the memory and spend models, the
 stages' plans and rates, the store), never flows/ or slurm/."""
-CHECKS_IMPORTED_BY = (*CLI, "probepo.staging")
-"""The modules of probepo/ outside probepo/checks/ that may import it: the CLI, and `probepo stage`
-(staging copies the benchmark sets the data check reads). flows/ and slurm/ are above it and may."""
 
 
 def module_name(path: Path) -> str:
@@ -45,6 +40,11 @@ def module_name(path: Path) -> str:
 
 
 MODULES = {module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")}
+CLI = tuple(module for module in MODULES if module == "probepo.cli" or module.startswith("probepo.cli."))
+"""The face (probepo/cli/): the only modules of probepo/ that launch flows and jobs."""
+CHECKS_IMPORTED_BY = (*CLI, "probepo.staging")
+"""The modules of probepo/ outside probepo/checks/ that may import it: the CLI, and `probepo stage`
+(staging copies the benchmark sets the data check reads). flows/ and slurm/ are above it and may."""
 
 
 def _is_package(module: str) -> bool:

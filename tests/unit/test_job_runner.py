@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from probepo.config import ExecutionProfile, RunConfig
-from probepo.execution import StageRequest
-from probepo.schedule import Stage
+from probepo.run.execution import StageRequest
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, AttemptOutcome, JobOutcome, open_store
 from slurm.backends import SubmitFailed, SubmitRefused, SubmitTransient

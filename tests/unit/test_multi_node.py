@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import slurm.ranks
-from probepo import distributed
+from probepo.run import distributed
 
 
 def test_rank_3_on_the_second_node_meets_the_others_at_the_first_nodes_address(monkeypatch):
@@ -50,7 +50,7 @@ def test_each_node_has_its_own_scratch_folder(monkeypatch, tmp_path, node):
 
 
 def test_a_node_fetches_the_optimizer_shards_of_its_own_ranks_only():
-    from probepo.schedule import optimizer_shard_name
+    from probepo.run.schedule import optimizer_shard_name
     from probepo.stages.committed import files_for_node
 
     shards = [

@@ -8,7 +8,7 @@ import pytest
 
 from flows.evaluate import cost_line, counted, selected, split_evaluated
 from probepo.config import CheckpointSelection
-from probepo.evaluations import EvaluationRequest
+from probepo.run.evaluations import EvaluationRequest
 from probepo.store import open_store
 from slurm.accounting import JobCost
 from tests.pipeline.test_evaluations import math_run

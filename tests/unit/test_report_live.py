@@ -1,4 +1,4 @@
-"""What a run's page shows while it trains (probepo/report_live.py): one row per update; the lead table of
+"""What a run's page shows while it trains (probepo/report/live.py): one row per update; the lead table of
 the numbers a user scans and the stage table of every metric, rounded to what they mean; and the curves
 as markdown charts over the whole run, between their axis ranges, downsampled rather than cut."""
 
@@ -10,7 +10,7 @@ import math
 from hypothesis import given
 from hypothesis import strategies as st
 
-from probepo.report_live import (
+from probepo.report.live import (
     BLOCKS,
     CURVES,
     chart_rows,

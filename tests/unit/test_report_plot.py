@@ -3,7 +3,7 @@ accounting (inline runs, local jobs: the demo) the panel is left out, and the re
 
 from __future__ import annotations
 
-from probepo.report import NO_GPU_HOURS_PLOT, RunCurves, figure, markdown
+from probepo.report.summary import NO_GPU_HOURS_PLOT, RunCurves, figure, markdown
 
 
 def _curves(run_id: str, gpu_hours: list[float]) -> RunCurves:

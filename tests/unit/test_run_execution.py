@@ -1,5 +1,5 @@
 """The one rule by which `probepo check`, `train`, `resume` and `launch` take their executor and profile
-(probepo/cli_site.py: run_execution): the site file's, else inline for the testbed or where sbatch is not
+(probepo/cli/site.py: run_execution): the site file's, else inline for the testbed or where sbatch is not
 on PATH, else resident; each taken by default said with its reason."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from probepo.cli_site import run_execution
+from probepo.cli.site import run_execution
 from probepo.presets import ConfigError
 
 

@@ -71,7 +71,7 @@ def test_a_jobs_rank_has_its_caches_on_its_node_before_a_stage_starts(node_tmp, 
     variables, before any engine is made."""
     import submitit
 
-    from probepo.distributed import NODE_ENV
+    from probepo.run.distributed import NODE_ENV
 
     for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", NODE_ENV):
         monkeypatch.setenv(name, "")  # what the rank's export sets, removed after the test

@@ -91,7 +91,8 @@ def test_a_job_carries_no_wckey_unless_the_profile_gives_one(tmp_path):
 
 @pytest.mark.parametrize("bind", ["closest", "map_gpu:0,1", "single:1", "per_task:1", "verbose,closest"])
 def test_a_gpu_binding_that_hides_gpus_from_a_rank_is_refused(bind):
-    """Every rank sees its node's GPUs and takes GPU LOCAL_RANK (probepo/devices.py); a binding shows it only
+    """Every rank sees its node's GPUs and takes GPU LOCAL_RANK (probepo/run/devices.py); a binding shows it
+    only
     some, where index LOCAL_RANK is past them or another rank's."""
     from probepo.config import StageResources
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from probepo import spend
-from probepo.report_spend import spend_markdown, updates_spend
+from probepo.report.spend import spend_markdown, updates_spend
 
 
 def test_nested_pieces_count_their_own_time_only() -> None:
@@ -54,7 +54,7 @@ def test_attempts_sum_into_metrics_and_a_breakdown() -> None:
 
 
 def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
-    from probepo.spend_model import PolicySizes, UpdateShape, estimate, stop_seconds
+    from probepo.spend.model import PolicySizes, UpdateShape, estimate, stop_seconds
 
     sizes = PolicySizes.of(7_000_000_000, dtype="bfloat16", trainer="deepspeed")
     assert (sizes.weights, sizes.optimizer) == (14_000_000_000, 84_000_000_000)

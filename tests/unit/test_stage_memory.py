@@ -15,7 +15,7 @@ from probepo.checks.memory import memory_findings, trainer_peaks
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.engines.sampler import call_plan
 from probepo.presets import load_profile, load_run_config, with_overrides
-from probepo.spend_model import GB
+from probepo.spend.model import GB
 from probepo.stages.evaluate import EVAL_SHARD_SECONDS, EVAL_SHARD_TOKENS, largest_shard
 from probepo.stages.shards import calls_within
 from slurm.executors import executor_for

@@ -1,4 +1,5 @@
-"""The stage table (probepo.schedule.STAGES) is the one place that says what each stage reads, writes, where
+"""The stage table (probepo.run.schedule.STAGES) is the one place that says what each stage reads, writes,
+where
 it runs and when: every file a stage reads is written by a stage before it, every file it commits is
 declared, the lists read from the table are those the code kept before, and a tiny run's store agrees."""
 
@@ -15,9 +16,9 @@ from typing import Any
 import pytest
 
 from probepo.config import RunConfig
-from probepo.execution import StageRequest, execute_stage
-from probepo.pipeline import train
-from probepo.schedule import (
+from probepo.run.execution import StageRequest, execute_stage
+from probepo.run.pipeline import train
+from probepo.run.schedule import (
     BENCHMARK_RESULTS,
     EVERY_RANK,
     POLICY,

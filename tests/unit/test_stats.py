@@ -1,4 +1,5 @@
-"""probepo.stats: means with standard errors, the paired bootstrap, reading curves between evaluations."""
+"""probepo.report.stats: means with standard errors, the paired bootstrap, reading curves between
+evaluations."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from probepo.stats import (
+from probepo.report.stats import (
     first_reach,
     mean_and_stderr,
     paired_bootstrap_ci,

@@ -22,8 +22,8 @@ from botocore.exceptions import ClientError, EndpointConnectionError, ReadTimeou
 
 from probepo import spend
 from probepo.config import ExecutionProfile, RunConfig
-from probepo.execution import StageRequest
-from probepo.schedule import Stage
+from probepo.run.execution import StageRequest
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.store import ArtifactStore, LeaseLost, StoreError, StoreOutage, open_store
 from probepo.store.outage import Clock, OutageBudget, Rider, WriteFence

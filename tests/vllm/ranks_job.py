@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from probepo import distributed
-from probepo.devices import gpu_index
 from probepo.engines.base import call_chunks
+from probepo.run import distributed
+from probepo.run.devices import gpu_index
 from slurm.ranks import job_ranks
 from tests.hf.test_generation import PROMPTS, SAMPLE
 

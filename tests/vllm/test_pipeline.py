@@ -13,8 +13,8 @@ import sys
 import pytest
 import yaml
 
-from probepo.faults import CRASH_ENV
-from probepo.pipeline import train
+from probepo.run.faults import CRASH_ENV
+from probepo.run.pipeline import train
 from probepo.store import open_store
 from tests.hf.tiny_qwen import qwen_config
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from probepo.devices import gpu_index, local_rank
+from probepo.run.devices import gpu_index, local_rank
 
 T = TypeVar("T")
 
@@ -81,7 +81,7 @@ work (`claimed`)."""
 def join(backend: str | None = None) -> None:
     """Join the job's process group from its rank environment (no-op if already joined). Without one (a
     single process outside any job), a group of one: DeepSpeed needs a group even on one rank. backend:
-    gloo on CPU, nccl on GPUs by default (each rank on its own GPU: probepo.devices)."""
+    gloo on CPU, nccl on GPUs by default (each rank on its own GPU: probepo.run.devices)."""
     global _claims_store
     if initialized():
         return
@@ -184,7 +184,7 @@ def claimed(items: Sequence[T]) -> Iterator[T]:
         yield from items
         return
     if _claims_store is None:
-        raise RuntimeError("claiming work needs the group joined through probepo.distributed.join")
+        raise RuntimeError("claiming work needs the group joined through probepo.run.distributed.join")
     key = broadcast_json(f"probepo-claims/{uuid.uuid4().hex}")  # one counter per call
     while (index := _claims_store.add(key, 1) - 1) < len(items):
         yield items[index]

@@ -248,7 +248,9 @@ def written_by(name: str) -> Stage:
     for stage, spec in STAGES.items():
         if name in spec.writes:
             return stage
-    raise ValueError(f"no stage writes a file {name!r}: the stage table (probepo.schedule.STAGES) lists none")
+    raise ValueError(
+        f"no stage writes a file {name!r}: the stage table (probepo.run.schedule.STAGES) lists none"
+    )
 
 
 def full_checkpoint(update: int, *, num_updates: int, every: int) -> bool:

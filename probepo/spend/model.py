@@ -3,7 +3,8 @@ before an allocation, and the one bench/overhead.py extrapolates its counted byt
 
 It follows the code path by path (stages/policy.py, committed.py and optimize.py, engines/build.py, the
 trainers' `weights()` and `state()`): the bytes of each kind are what rank 0's spend counters
-(probepo/spend.py) record for one update, and tests/pipeline/test_spend_model.py holds the model to the
+(probepo/spend/__init__.py) record for one update, and tests/pipeline/test_spend_model.py holds the model to
+the
 counters of a real run, so a change to what an update moves changes both. Seconds are bytes over stated
 bandwidths (`Bandwidths`, each figure with its source), for state movement only: generation, grading,
 scoring and the optimizer's own arithmetic are the update's work, not its overhead. Pure: nothing here
@@ -16,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Literal
 
-from probepo.schedule import is_optimizer_state
+from probepo.run.schedule import is_optimizer_state
 from probepo.spend import ByteKind, Piece
 
 GB = 1e9

@@ -17,12 +17,12 @@ from typing import Any
 
 from probepo import __version__, spend
 from probepo.config import NOT_RECIPE, Retention, RunConfig
-from probepo.driver_lease import LeaseKeeper, take_lease
-from probepo.evaluations import retain_checkpoints
-from probepo.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
-from probepo.preemption import Preempted, StopFlag
 from probepo.presets import ConfigError
-from probepo.schedule import STAGES, Stage, full_checkpoint, resident_refusal, stages_for_update
+from probepo.run.driver_lease import LeaseKeeper, take_lease
+from probepo.run.evaluations import retain_checkpoints
+from probepo.run.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
+from probepo.run.preemption import Preempted, StopFlag
+from probepo.run.schedule import STAGES, Stage, full_checkpoint, resident_refusal, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
 from probepo.store import (

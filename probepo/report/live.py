@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from probepo import spend
-from probepo.schedule import TRAINING_STAGES, Stage
+from probepo.run.schedule import TRAINING_STAGES, Stage
 
 BLOCKS = "▁▂▃▄▅▆▇█"
 """A column's partial fill, one eighth to whole."""

@@ -1,4 +1,4 @@
-"""How a stage gets run: the driver loop (`probepo.pipeline.train`) hands each stage the ledger lacks to a
+"""How a stage gets run: the driver loop (`probepo.run.pipeline.train`) hands each stage the ledger lacks to a
 stage runner. `InlineRunner` runs it in the driver's process; the runners of `slurm/` submit it as a job
 (a subprocess, or a SLURM job) that runs `execute_stage` there. Whichever runs it, the stage commits to the
 store, and the store's create-only markers, never the runner, make each stage count exactly once.
@@ -16,10 +16,11 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from probepo import distributed, spend
+from probepo import spend
 from probepo.config import Retention, RunConfig
-from probepo.preemption import Preempted
-from probepo.schedule import Stage
+from probepo.run import distributed
+from probepo.run.preemption import Preempted
+from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.policy import PolicyEngines
 from probepo.stages.runners import STAGES

@@ -22,15 +22,15 @@ from typing import Any, Protocol, runtime_checkable
 
 from probepo.config import CheckpointSelection, RunConfig
 from probepo.config.retention import Retention
-from probepo.faults import fault_point
 from probepo.presets import ConfigError, validate_run_config
-from probepo.schedule import EVAL_RESULTS, Stage
+from probepo.run.faults import fault_point
+from probepo.run.schedule import EVAL_RESULTS, Stage
 from probepo.stages.context import StageContext, never_stop
 from probepo.stages.evaluate import HELDOUT, recipe_suites, suites_for
 from probepo.store import ArtifactStore, ObjectMissing, StoreError, open_store
 from probepo.store.retention import RetentionReport, apply_retention, checkpoint_markers, holds
 
-log = logging.getLogger("probepo.evaluations")
+log = logging.getLogger("probepo.run.evaluations")
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,9 @@
-"""The grading worker of `probepo.grading`: a fresh interpreter that runs this file as a script
+"""The grading worker of `probepo.grading.judge`: a fresh interpreter that runs this file as a script
 (`python -P grading_worker.py FD`) and judges one (gold, answer) pair at a time with math-verify 0.9.0.
 
 It imports nothing but the standard library and, once started, math_verify (and sympy through it): a
 training script's torch never reaches it, so the address-space cap below cannot break it. The parent
-(`probepo.grading`) imports this module only for `MEMORY_CAP_BYTES` and its path.
+(`probepo.grading.judge`) imports this module only for `MEMORY_CAP_BYTES` and its path.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ class _SoftTimeout(BaseException):
 
 def serve(fd: int) -> None:
     """Worker loop: receive (gold, answer, budget_s) on the connection `fd`, send back a grading reason
-    (`probepo.grading.Reason`) until the parent goes away. Gold and answer arrive as `$...$` LaTeX."""
+    (`probepo.grading.judge.Reason`) until the parent goes away. Gold and answer arrive as `$...$` LaTeX."""
     _, hard = resource.getrlimit(resource.RLIMIT_AS)
     cap = MEMORY_CAP_BYTES if hard == resource.RLIM_INFINITY else min(MEMORY_CAP_BYTES, hard)
     resource.setrlimit(resource.RLIMIT_AS, (cap, hard))

@@ -17,7 +17,7 @@ misses it and starts a replacement.
 Why plain subprocesses rather than a multiprocessing start method: spawn and forkserver re-import the
 parent's `__main__` into the children (a training script that imports torch at the top would load torch
 into every worker, and RLIMIT_AS would then break it), and fork copies a process that may hold threads and
-CUDA state. A worker is a fresh interpreter that runs `probepo/grading_worker.py` as a script, so it
+CUDA state. A worker is a fresh interpreter that runs `probepo/grading/worker.py` as a script, so it
 imports nothing but the standard library and math_verify (~0.6 s to start and warm up).
 """
 
@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection, Pipe, wait
 from typing import Literal, get_args
 
-from probepo import grading_worker
-from probepo.grading_worker import MEMORY_CAP_BYTES
+from probepo.grading import worker as grading_worker
+from probepo.grading.worker import MEMORY_CAP_BYTES
 
 __all__ = [
     "ANSWER_CAP_CHARS",

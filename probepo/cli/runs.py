@@ -109,7 +109,7 @@ def report(
 ) -> None:
     """Plots and a markdown comparison of runs, from their metrics in the store, with what each cost in
     GPU-hours (SLURM's accounting of its jobs; an inline run: wall time only)."""
-    from probepo.report import write_report
+    from probepo.report.summary import write_report
     from slurm.costs import run_costs
 
     try:

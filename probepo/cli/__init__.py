@@ -1,7 +1,7 @@
-"""The `probepo` command (typer): the face of the suite. The CLI modules (this one and probepo/cli_*.py) are
+"""The `probepo` command (typer): the face of the suite. The CLI modules (probepo/cli/) are
 the only ones of probepo/ that may import flows/ and slurm/, and a command that needs no Prefect imports
-none: `train`, `resume` and `launch` are probepo/cli_train.py's, `check` and `stage` probepo/cli_site.py's,
-`jobs`, `logs` and `report` probepo/cli_runs.py's, `store` probepo/store/cli.py's; `demo` is here.
+none: `train`, `resume` and `launch` are probepo/cli/train.py's, `check` and `stage` probepo/cli/site.py's,
+`jobs`, `logs` and `report` probepo/cli/runs.py's, `store` probepo/store/cli.py's; `demo` is here.
 
 Conventions every command keeps: an error is one line on stderr starting `error:` (exit 2) that names what
 failed (the option, field, file, store URL or run) and what to do, with advice that names an option the
@@ -11,15 +11,14 @@ command really has; a preemption exits 75 after committing; status lines come af
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from probepo.cli_runs import fail, jobs, logs, report
-from probepo.cli_site import check, stage
-from probepo.cli_train import launch, resume, train
+from probepo.cli.runs import fail, jobs, logs, report
+from probepo.cli.site import check, stage
+from probepo.cli.train import launch, resume, train
 from probepo.config import RunConfig
 from probepo.presets import load_run_config, with_overrides
 from probepo.store import StoreError
@@ -72,7 +71,7 @@ def _demo_report(config: RunConfig, outdir: Path) -> str:
     except ModuleNotFoundError as exc:
         if not (exc.name or "").startswith("prefect"):
             raise
-        from probepo.demo import run_demo
+        from probepo.run.demo import run_demo
 
         return str(run_demo(config, outdir))
     state = demo_flow(config, str(outdir), return_state=True)
@@ -83,7 +82,3 @@ def _demo_report(config: RunConfig, outdir: Path) -> str:
 
 def main() -> None:
     app()
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -63,6 +63,6 @@ def fault_point(update: int, stage: str, when: str, should_stop: Callable[[], bo
 
 
 def _node() -> str:
-    from probepo.distributed import node_name  # torch: only where a crash names a node
+    from probepo.run.distributed import node_name  # torch: only where a crash names a node
 
     return node_name()

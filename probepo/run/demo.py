@@ -20,10 +20,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from probepo.config import RunConfig
-from probepo.pipeline import ensure_warmup
 from probepo.presets import with_overrides
-from probepo.report import load_curves, write_report
-from probepo.schedule import Stage
+from probepo.report.summary import load_curves, write_report
+from probepo.run.pipeline import ensure_warmup
+from probepo.run.schedule import Stage
 from probepo.store import ArtifactStore, StoreError, open_store
 
 ARMS = ("grpo", "probepo")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from probepo.schedule import TRAINING_STAGES, Stage
+from probepo.run.schedule import TRAINING_STAGES, Stage
 
 
 @dataclass(frozen=True)

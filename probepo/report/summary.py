@@ -1,5 +1,6 @@
 """Plots and a markdown summary of one or several runs, read from their metrics in the store, and, where the
-caller gathered them (probepo/costs.py: the CLI and the train flow ask SLURM's accounting), what each run
+caller gathered them (probepo/report/costs.py: the CLI and the train flow ask SLURM's accounting), what each
+run
 cost in GPU-hours: accuracy against GPU-hours is how the study compares methods."""
 
 from __future__ import annotations
@@ -10,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from probepo.costs import RunCosts
-from probepo.report_spend import write_spend
-from probepo.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
-from probepo.stats import mean_and_stderr
+from probepo.report.costs import RunCosts
+from probepo.report.spend import write_spend
+from probepo.report.stats import mean_and_stderr
+from probepo.run.schedule import EVAL_RESULTS, TRAINING_STAGES, Stage
 from probepo.store import ArtifactStore
 from probepo.store.formats import table_from_parquet
 
@@ -288,7 +289,7 @@ def write_report(
 ) -> Path:
     """Write `report.md` and `curves.png` for the runs into outdir, with each run's GPU-hours where `costs`
     (by run id) accounts for its jobs, and where each run's updates spent their seconds and bytes
-    (`spend-<run>.png`, probepo.report_spend); returns the markdown's path."""
+    (`spend-<run>.png`, probepo.report.spend); returns the markdown's path."""
     curves = [load_curves(store, run_id, (costs or {}).get(run_id)) for run_id in run_ids]
     outdir.mkdir(parents=True, exist_ok=True)
     plot(curves, outdir / "curves.png")

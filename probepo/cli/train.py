@@ -1,6 +1,6 @@
 """The commands that run a recipe: `probepo train` (a run from a preset; the same run id again resumes it),
 `probepo resume` (a run from what its store holds) and `probepo launch` (a flow run of a Prefect train
-deployment). Each takes its executor and profile by the one rule of `run_execution` (probepo/cli_site.py)
+deployment). Each takes its executor and profile by the one rule of `run_execution` (probepo/cli/site.py)
 and its store by `store_url`, and runs the checks of `probepo check` first (`launchable`, slurm/check.py)
 unless --no-check; Prefect is imported by `launch` alone, when it creates the flow run."""
 
@@ -15,20 +15,20 @@ import yaml
 
 from probepo import __version__
 from probepo.checks.findings import Refused
-from probepo.cli_runs import fail
-from probepo.cli_site import Execution, ExecutorOption, ProfileOption, run_execution
+from probepo.cli.runs import fail
+from probepo.cli.site import Execution, ExecutorOption, ProfileOption, run_execution
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.config.algo import Algorithm
 from probepo.errors import ExecutionError
-from probepo.preemption import PREEMPTED_EXIT, Preempted
 from probepo.presets import ConfigError, load_run_config, validate_run_config, with_overrides
+from probepo.run.preemption import PREEMPTED_EXIT, Preempted
 from probepo.store import LeaseHeld, StoreError, open_store
 from probepo.store.cli import StoreOption, store_url
 from probepo.store.outage import RIDER, OutageBudget
 
 if TYPE_CHECKING:
-    from probepo.execution import StageRunner
-    from probepo.pipeline import ProgressFn
+    from probepo.run.execution import StageRunner
+    from probepo.run.pipeline import ProgressFn
 
 TensorboardOption = Annotated[
     Path | None,
@@ -186,7 +186,7 @@ def _train(
     (advice). A lease held by a SLURM job that accounting shows ended is taken over at once
     (slurm.holders). An unreachable store is waited for up to the profile's store_outage_s, and while a
     job runs the stages this process waits for it whatever the outage lasts (slurm/runner.py)."""
-    from probepo.pipeline import train as run_training  # torch loads here, not for --help
+    from probepo.run.pipeline import train as run_training  # torch loads here, not for --help
     from slurm.holders import holder_ended
 
     events = tensorboard or Path("out") / "tensorboard" / run_id
@@ -286,7 +286,7 @@ def launch(
     # the flow run opens the store this machine's commands would (the site's, as the UI's form has it)
     run_config = with_overrides(run_config, store=_store_of(None, run_config.store))
     chosen, *_ = _checked(run_config, executor, profile, run_config.store, not no_check)
-    from probepo.launch import LaunchError, create_flow_run
+    from probepo.cli.launch import LaunchError, create_flow_run
     from probepo.staging import preset_name
 
     parameters = {"config": run_config.model_dump(mode="json"), "run_id": run_id, "executor": chosen.executor}
@@ -320,7 +320,7 @@ def resume(
     stage's job still pending or running is waited for, not submitted again. The executor and profile may
     differ from the run's earlier ones: the bits do not. The checks of `probepo check` run first
     (--no-check skips them)."""
-    from probepo.pipeline import extend_run, recorded_updates
+    from probepo.run.pipeline import extend_run, recorded_updates
 
     try:
         opened = open_store(store_url(store))

@@ -1,0 +1,1 @@
+"""Grading answers with math-verify in worker processes."""

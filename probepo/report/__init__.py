@@ -1,0 +1,1 @@
+"""Reading runs back: plots, summaries, live tables, spend and cost accounting, statistics."""
