@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Literal
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
-from probepo.run.schedule import Stage
+from probepo.run.schedule import STAGES, Stage
 from probepo.spend.model import GB, PolicySizes
 
 if TYPE_CHECKING:
@@ -45,12 +45,10 @@ class StageLoad:
     """fresh: built on the pretrained weights and saved, never stepped (checkpoint 0); weights: on a
     policy's weights alone, for forward passes (score); training: with its optimizer state (optimize)."""
     generator: bool = False
-    every_rank: bool = True
-    """Every rank of its job runs it (schedule.EVERY_RANK, and the resident driver); else rank 0 alone."""
 
 
 STAGE_LOADS: dict[Stage, StageLoad] = {
-    Stage.CHECKPOINT: StageLoad(trainer="fresh", every_rank=False),
+    Stage.CHECKPOINT: StageLoad(trainer="fresh"),
     Stage.SCORE: StageLoad(trainer="weights"),
     Stage.OPTIMIZE: StageLoad(trainer="training"),
     Stage.SAMPLE: StageLoad(generator=True),
@@ -63,6 +61,14 @@ STAGE_LOADS: dict[Stage, StageLoad] = {
 }
 """The stages whose jobs load a Hugging Face policy (select and advantage load none; a warm-up is the
 testbed's)."""
+
+
+
+def _every_rank(stage: Stage) -> bool:
+    """Every rank of the stage's job runs it (the stage table says; the resident driver and an evaluation
+    task always do); else rank 0 alone."""
+    return STAGES[stage].every_rank if stage in STAGES else True
+
 
 Peaks = dict[str, dict[str, float]]
 """Bytes on a rank's device by part, at each moment the trainer peaks (named as a line prints it)."""
@@ -168,7 +174,7 @@ def stage_memory_findings(
     memory, each a failure where it cannot fit, naming what to change. The resident driver's trainer
     shares each GPU with vLLM (model.vllm_memory of it)."""
     load = STAGE_LOADS[stage]
-    per_node = resources.tasks_per_node if load.every_rank else 1
+    per_node = resources.tasks_per_node if _every_rank(stage) else 1
     world = resources.nodes * per_node
     trainer_ranks = world if config.model.trainer == "deepspeed" else 1
     on_gpu = bool(resources.gpus_per_node or resources.gpus_per_task)
@@ -268,7 +274,7 @@ def _trainer_gpu(
     share = 1 - model.vllm_memory if shared else 1.0
     vllm = f" after vLLM's {model.vllm_memory:.0%} (model.vllm_memory)" if shared else ""
     room = f"the {gpu_gb * share:.1f} GB of each {gpu_gb:g} GB GPU{vllm}" if gpu_gb else ""
-    if not load.every_rank:  # one rank alone: neither ranks nor ZeRO-3 shard it
+    if not _every_rank(stage):  # one rank alone: neither ranks nor ZeRO-3 shard it
         fix = f"give {stage} GPUs with more memory, or none and mem_gb ≥ {math.ceil(need)} (`stages.{stage}`)"
         return _gpu_verdict(text, need, gpu_gb, share, room, fix)
     options = []

@@ -11,7 +11,7 @@ from typing import Any
 from probepo.engines.base import TrainerEngine
 from probepo.engines.build import model_dtype, new_trainer
 from probepo.models.gpt import load_model
-from probepo.run.schedule import Stage
+from probepo.run.schedule import WARMUP_MODEL, Stage
 from probepo.stages import warmup
 from probepo.stages.committed import saved_trainer
 from probepo.stages.context import StageContext
@@ -29,7 +29,7 @@ def _from_warmup(ctx: StageContext) -> tuple[TrainerEngine, dict[str, Any]]:
         )
     folder = ctx.scratch / "warmup-model"
     folder.mkdir(parents=True, exist_ok=True)
-    for name in warmup.MODEL_FILES:
+    for name in WARMUP_MODEL:
         ctx.store.download_stage_file(source, 0, warmup.STAGE, name, folder / name)
     summary = {"warmup_run": source, "warmup_accuracy": marker["summary"]["accuracy"]}
     return new_trainer(ctx.config, load_model(folder)), summary

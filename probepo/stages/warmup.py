@@ -17,12 +17,11 @@ from probepo.data.task import WARMUP_CHECK_STREAM
 from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.sft import accuracy, sft_steps
 from probepo.models.gpt import GPT, save_model
-from probepo.run.schedule import Stage
+from probepo.run.schedule import WARMUP_MODEL, Stage
 from probepo.stages.common import sampling_params, task_of
 from probepo.stages.context import StageContext, derive_seed
 
 STAGE = Stage.WARMUP
-MODEL_FILES = ("model.safetensors", "config.json")
 KEY_FIELDS = ("task", "model", "sampling", "warmup")
 """The parts of a run's config that determine its warm-up checkpoint."""
 KEY_LEFT_OUT = {"sampling": {"shards"}}
@@ -86,6 +85,6 @@ def run(ctx: StageContext) -> None:
     save_model(model, folder)
     ctx.commit(
         STAGE,
-        {name: folder / name for name in MODEL_FILES},
+        {name: folder / name for name in WARMUP_MODEL},
         {"steps": steps, "accuracy": acc, "history": history, "check_problems": len(check_set)},
     )
