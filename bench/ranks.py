@@ -20,6 +20,12 @@ The study recipes on an 8-GPU node, on paper (`--models recipes`, a few minutes,
 busy fraction in sample and probe under the recipes' sampling settings against the default they replaced,
 from bench/ranks_model.py's stated length model and two costs of a decoding step: an H200 roofline of each
 recipe's model, and this CPU's testbed engine measured at several batch sizes (`cpu_step`).
+
+vLLM's share of each GPU, on paper (`--models shares`, about a minute of CPU, no measurement: it rewrites
+`vllm_shares` alone and keeps every other key of ranks.json): the recipes' sample and probe under their own
+plan on the H200 roofline, with vLLM's fixed split (model.vllm_memory 0.35) against its time-shared share
+(asleep while the trainer works): KV tokens per rank, rows decoding per step, preemptions, busy fractions
+and makespans (ranks_model.vllm_shares).
 """
 
 from __future__ import annotations
@@ -39,7 +45,15 @@ from typing import Any
 import numpy as np
 import torch
 from benchlib import machine
-from ranks_model import LENGTHS, busy_fractions, h200_decoder, measured_decoder, rank_seconds
+from ranks_model import (
+    LENGTHS,
+    busy_fractions,
+    h200_decoder,
+    measured_decoder,
+    rank_seconds,
+    recipe_share,
+    vllm_shares,
+)
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.engines.base import SamplingParams
@@ -180,7 +194,9 @@ def recipes(draws: int) -> dict[str, Any]:
         config = load_run_config(ROOT / "configs" / f"{name}.yaml")
         found[name] = {
             "lengths": asdict(LENGTHS[name]),
-            "h200_roofline": busy_fractions(config, name, h200_decoder(config, name), draws),
+            "h200_roofline": busy_fractions(
+                config, name, h200_decoder(name, recipe_share(config, name)), draws
+            ),
             "cpu_measured": busy_fractions(
                 config, name, measured_decoder(step["fixed_s"], step["per_row_s"]), draws
             ),
@@ -189,12 +205,22 @@ def recipes(draws: int) -> dict[str, Any]:
     return found
 
 
+def shares(draws: int) -> dict[str, Any]:
+    """The study recipes' sample and probe on 8 ranks under vLLM's fixed split and its time-shared share
+    (ranks_model.vllm_shares), on the H200 roofline: no measurement, seconds of CPU."""
+    found: dict[str, Any] = {"draws": draws}
+    for name in LENGTHS:
+        found[name] = vllm_shares(load_run_config(ROOT / "configs" / f"{name}.yaml"), name, draws)
+        print(name, json.dumps(found[name]), flush=True)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen", "recipes"]
+        "--models", nargs="+", default=["testbed", "qwen"], choices=["testbed", "qwen", "recipes", "shares"]
     )
-    parser.add_argument("--draws", type=int, default=16, help="recipes: updates drawn per recipe")
+    parser.add_argument("--draws", type=int, default=16, help="recipes, shares: updates drawn per recipe")
     parser.add_argument("--reps", type=int, default=4, help="runs of each arm (alternated)")
     args = parser.parse_args()
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")  # inherited by every rank
@@ -205,6 +231,8 @@ def main() -> None:
             results["testbed"] = measure("testbed", testbed_config, folder / "testbed", args.reps)
         if "recipes" in args.models:
             results["recipes"] = recipes(args.draws)
+        if "shares" in args.models:
+            results["vllm_shares"] = shares(args.draws)
         if "qwen" in args.models:
             sys.path.insert(0, str(ROOT))
             from tests.hf.tiny_qwen import build_tiny_qwen
@@ -218,8 +246,9 @@ def main() -> None:
         "date": datetime.now(UTC).isoformat(timespec="minutes"),
         "command": "python bench/ranks.py " + " ".join(sys.argv[1:]),
     }
-    if "recipes" in args.models:  # its own record: the measured models' figures keep theirs
-        results["recipes"].update(ran)
+    for model, key in (("recipes", "recipes"), ("shares", "vllm_shares")):
+        if model in args.models:  # its own record: the measured models' figures keep theirs
+            results[key].update(ran)
     if {"testbed", "qwen"} & set(args.models):
         results.update(ran)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from probepo.checks.findings import Findings
 from probepo.checks.model import ModelFiles, model_context
 from probepo.config import RunConfig
-from probepo.data import build_task
+from probepo.data import Task, build_task
 from probepo.data.benchmarks import (
     AVG6_BENCHMARKS,
     BENCHMARKS,
@@ -27,9 +27,13 @@ def check(launch: Launch) -> Findings:
     """The recipe's data, once its model's files are found (a recipe that failed validation waits: the data
     needs the whole recipe, its task and its tokenizer)."""
     model_found, model = launch.model
-    if launch.config is None or model_found.failures:
+    config = launch.config
+    if config is None or model_found.failures:
         return Findings()
-    return task_findings(launch.config, model)
+    found = benchmark_findings(config)
+    if config.task.kind != "math" or found.failures:
+        return found  # the testbed tasks' rules ran when the recipe was validated
+    return found.extend(_tokenized_task(config, model, *launch.task))
 
 
 def benchmark_names(config: RunConfig) -> list[str]:
@@ -41,14 +45,10 @@ def benchmark_names(config: RunConfig) -> list[str]:
     return list(dict.fromkeys([*names, *AVG6_BENCHMARKS]))
 
 
-def task_findings(config: RunConfig, model: ModelFiles) -> Findings:
-    """The data a recipe reads, and the rules that need its tokenizer: every benchmark file present (with
-    its rows), the training set free of evaluation problems, the rescue suffix tokenizable, and the
-    longest prompt with its response within the model's context."""
+def benchmark_findings(config: RunConfig) -> Findings:
+    """Every benchmark file a maths recipe reads present, with its rows."""
     found = Findings()
-    if config.task.kind != "math":
-        return found  # the testbed tasks' rules ran when the recipe was validated
-    if config.task.source == "benchmarks":
+    if config.task.kind == "math" and config.task.source == "benchmarks":
         root = benchmarks_root(config.task.benchmarks_root)
         for name in benchmark_names(config):
             path = root / BENCHMARKS[name].folder / BENCHMARKS[name].file
@@ -62,21 +62,26 @@ def task_findings(config: RunConfig, model: ModelFiles) -> Findings:
                 found.passed.append(f"data: benchmark {name}: {len(load_benchmark(name, root))} rows")
             except BenchmarkFormatError as exc:
                 found.failures.append(f"benchmark {name}: {exc}")
-        if found.failures:
-            return found
-    return found.extend(_tokenized_task(config, model))
+    return found
 
 
-def _tokenized_task(config: RunConfig, model: ModelFiles) -> Findings:
-    """Build the task as a job would (its tokenizer, its training problems and their contamination check)
-    and check what depends on them."""
-    found = Findings()
+def built_task(config: RunConfig) -> tuple[Findings, Task | None]:
+    """The task as a job builds it (its tokenizer, its training problems and their contamination check), or
+    None with a failure saying why."""
     try:
-        task = build_task(config.task, config.model)
+        return Findings(), build_task(config.task, config.model)
     except ContaminationError as exc:
-        return Findings(failures=[f"task.train_sources: {exc}"])
+        return Findings(failures=[f"task.train_sources: {exc}"]), None
     except (OSError, ValueError) as exc:
-        return Findings(failures=[f"task: {str(exc).splitlines()[0]}"])
+        return Findings(failures=[f"task: {str(exc).splitlines()[0]}"]), None
+
+
+def _tokenized_task(config: RunConfig, model: ModelFiles, built: Findings, task: Task | None) -> Findings:
+    """What depends on the task as a job builds it (`built_task`: `built` its failure where `task` is
+    None): its rows, the rescue suffix, the longest prompt with its response within the model's context."""
+    if task is None:
+        return built
+    found = Findings()
     rows = {split: len(problems) for split, problems in task.problems.items()}
     found.passed.append(f"data: training and eval problems {rows}, none an evaluation problem")
     suffix = task.tokenizer.encode(config.algo.rescue_suffix) if config.algo.rescue_tokens else []

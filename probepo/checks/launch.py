@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from probepo.checks import (
     credentials,
@@ -19,6 +19,7 @@ from probepo.checks import (
     environment,
     evaluation,
     jobs,
+    kv_cache,
     memory,
     model,
     recipe,
@@ -30,6 +31,9 @@ from probepo.checks.findings import Findings
 from probepo.checks.model import ModelFiles, recipe_model
 from probepo.config import ExecutionProfile, RunConfig
 from probepo.run.schedule import Stage
+
+if TYPE_CHECKING:
+    from probepo.data import Task
 
 
 class Jobs(Protocol):
@@ -80,6 +84,12 @@ class Launch:
         evaluation, spend)."""
         return recipe_model(self)
 
+    @functools.cached_property
+    def task(self) -> tuple[Findings, Task | None]:
+        """The recipe's task as its jobs build it, built once for the checks that read it (data, KV cache):
+        None, with a failure saying why, where it cannot be built (and of a recipe that failed validation)."""
+        return (Findings(), None) if self.config is None else data.built_task(self.config)
+
 
 SUBJECTS: tuple[Callable[[Launch], Findings], ...] = (
     model.check,
@@ -87,6 +97,7 @@ SUBJECTS: tuple[Callable[[Launch], Findings], ...] = (
     store.check,
     jobs.check,
     memory.check,
+    kv_cache.check,
     evaluation.check,
     spend.check,
     recipe.check,

@@ -3,11 +3,13 @@ allocation: `probepo check` weighs every job that loads a model (`model_jobs`) a
 (`mem_gb`, per node) and GPUs (`gpu_memory_gb`), and refuses one that cannot fit (`memory_findings`).
 
 Per rank, P parameters of w bytes, W trainer ranks:
-- a generation engine holds the weights, P·w, on its GPU (vLLM within model.vllm_memory of it, the rest
-  its KV cache);
+- a generation engine holds the weights, P·w, on its GPU (vLLM within its share of it, the rest its KV
+  cache: model.vllm_memory, or computed from what a trainer beside it keeps resident, spend/model.py
+  `generation_share`; vLLM sleeps while that trainer works);
 - a DeepSpeed trainer peaks at its initialisation (the weights as moved to its device, the fp32 masters and
   the fp32 gradient partition DeepSpeed allocates there) and, where it trains, at its first optimizer step
-  (AdamW's moments are created then): DeepSpeed 0.19.8's allocations, cited at `_deepspeed_peaks`;
+  (AdamW's moments are created then): DeepSpeed 0.19.8's allocations, cited at spend/model.py
+  `_deepspeed_peaks`;
 - the Hugging Face trainer holds everything on one device.
 On the host, a trainer's weights are loaded before they move to the GPU (engines/build.py, stages/
 checkpoint.py), and a training rank's optimizer shard passes through host memory when loaded and saved;
@@ -19,22 +21,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from probepo.checks.findings import Findings
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.methods import method_for
 from probepo.run.schedule import STAGES, Stage
-from probepo.spend.model import GB, PolicySizes
+from probepo.spend.model import (
+    GB,
+    GENERATION_MARGIN_GB,
+    Peaks,
+    PolicySizes,
+    TrainerUse,
+    trainer_peaks,
+    vllm_share,
+)
 
 if TYPE_CHECKING:
     from probepo.checks.launch import Jobs, Launch
-
-FP32 = 4
-"""Bytes of a float32: DeepSpeed's master weights and gradient partitions are float32 whatever the
-model's dtype."""
-
-TrainerUse = Literal["fresh", "weights", "training"]
 
 
 @dataclass(frozen=True)
@@ -63,87 +67,10 @@ STAGE_LOADS: dict[Stage, StageLoad] = {
 testbed's)."""
 
 
-
 def _every_rank(stage: Stage) -> bool:
     """Every rank of the stage's job runs it (the stage table says; the resident driver and an evaluation
     task always do); else rank 0 alone."""
     return STAGES[stage].every_rank if stage in STAGES else True
-
-
-Peaks = dict[str, dict[str, float]]
-"""Bytes on a rank's device by part, at each moment the trainer peaks (named as a line prints it)."""
-
-
-def trainer_peaks(config: RunConfig, parameters: int, ranks: int, use: TrainerUse, on_gpu: bool) -> Peaks:
-    """The trainer's bytes on each rank's device (its GPU, `on_gpu`; else the host) at its peaks."""
-    model = config.model
-    sizes = PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer)
-    weights = float(sizes.weights)
-    # torch's AdamW takes the sqrt of its second moment into a temporary: one on CUDA (its foreach path,
-    # torch/optim/adam.py 762), two on the CPU (its single-tensor path, adam.py 544: sqrt, then a division)
-    temporaries = 1 if on_gpu else 2
-    if model.trainer == "deepspeed":
-        return _deepspeed_peaks(
-            model.zero_stage, weights, parameters, sizes.optimizer, ranks, use, temporaries
-        )
-    peaks = {"as built": {"weights": weights}}
-    if use == "training":  # torch's AdamW on one device, its moments in the weights' dtype (PolicySizes)
-        peaks["at the first optimizer step"] = {
-            "weights": weights,
-            "gradients": weights,
-            "AdamW moments": float(sizes.optimizer),
-            "AdamW's step temporaries": weights * temporaries,
-        }
-    return peaks
-
-
-def _deepspeed_peaks(
-    zero_stage: int,
-    weights: float,
-    parameters: int,
-    optimizer: int,
-    ranks: int,
-    use: TrainerUse,
-    temporaries: int,
-) -> Peaks:
-    """DeepSpeed 0.19.8 (.venv/lib/python3.11/site-packages/deepspeed/runtime/), one rank of W, with torch's
-    AdamW as its client optimizer (engines/deepspeed_engine.py):
-    - engine.py 2093-2094: the module moves to the device whole (no zero.Init: the model is loaded on the
-      host, engines/build.py).
-    - ZeRO-2, zero/stage_1_and_2.py: 438-524 flattens the weights into one buffer (a second copy for a
-      moment, on the device where it has room, else on the host: not counted); 569-577 clones this rank's
-      partition as fp32 masters; 934-946 allocates an fp32 gradient partition at init, then frees it; 2192
-      keeps a gradient partition in the weights' dtype from the first backward; 3118-3126 makes it fp32 for
-      the step, where AdamW creates its two fp32 moments (torch/optim/adam.py 178-182) and takes its
-      `temporaries` of the partition. A backward pass holds DeepSpeed's reduce bucket instead (5e8 elements
-      of the weights' dtype, zero/config.py 113; stage_1_and_2.py 3266, released at 1061): 1 GB in bf16,
-      less than the step's fp32 gradients and temporary at 7B on 8 ranks; not counted.
-    - ZeRO-3, zero/stage3.py: each rank keeps 1/W of the weights once they are partitioned; 1081-1172 fp32
-      masters; 791 a gradient partition in the accumulation dtype, the model's by default (engine.py
-      1806-1807); 1306-1368 the fp32 gradient buffer of init, freed again; the step as ZeRO-2's.
-    `optimizer` is the masters and moments of every rank (spend_model.DEEPSPEED_OPTIMIZER_BYTES a
-    parameter). Measured here on the CPU (RSS of one rank building and stepping a 220 M-parameter Llama, by
-    /proc/self/statm): the first step's rise over the built trainer was these parts within 1 % in bf16, and
-    0-16 % below them in fp32 (the allocator reusing freed heap); the bf16 init rose ~0.7 × the weights
-    above them: heap of the per-parameter tensors freed by the flattening, which the allocator keeps (no live
-    tensor holds it)."""
-    fp32_partition = parameters * FP32 / ranks
-    held = {"weights": weights} if zero_stage == 2 else {"weight partition": weights / ranks}
-    held["fp32 masters"] = fp32_partition
-    peaks: Peaks = {}
-    if zero_stage == 3:
-        peaks["when moved to the device, before partitioning"] = {"weights": weights}
-        held["gradient partition"] = weights / ranks
-    peaks["at DeepSpeed's init"] = {**held, "fp32 gradient partition": fp32_partition}
-    if use == "training":
-        peaks["at the first optimizer step"] = {
-            **held,
-            "gradient partition": weights / ranks,
-            "fp32 gradients": fp32_partition,
-            "AdamW moments": optimizer / ranks - fp32_partition,
-            "AdamW's step temporaries": fp32_partition * temporaries,
-        }
-    return peaks
 
 
 def host_bytes(
@@ -172,7 +99,7 @@ def stage_memory_findings(
     """The memory of `stage`'s job (`resources`, from the profile's `entry`: `stages.<stage>` or
     `defaults`) for a model of `parameters`: a line for its GPUs (where it has any) and one for its host
     memory, each a failure where it cannot fit, naming what to change. The resident driver's trainer
-    shares each GPU with vLLM (model.vllm_memory of it)."""
+    shares each GPU with vLLM, which sleeps while the trainer works."""
     load = STAGE_LOADS[stage]
     per_node = resources.tasks_per_node if _every_rank(stage) else 1
     world = resources.nodes * per_node
@@ -228,8 +155,14 @@ def _gpu_findings(
             peaks = {when: {**parts, "generator's weights": weights} for when, parts in peaks.items()}
         found.extend(_trainer_gpu(config, parameters, stage, load, world, peaks, gpu_gb, entry))
     if vllm or (load.generator and load.trainer is None):
-        share = model.vllm_memory if vllm else 1.0
-        engine = f"vLLM (model.vllm_memory {share:.0%} of each GPU)" if vllm else "the Hugging Face generator"
+        share, engine = 1.0, "the Hugging Face generator"
+        if vllm:
+            beside = (world if model.trainer == "deepspeed" else 1) if load.trainer is not None else 0
+            share = vllm_share(config, parameters, gpu_gb, beside) if gpu_gb else model.vllm_memory or 1.0
+            source = (
+                "model.vllm_memory" if model.vllm_memory is not None else "computed: model.vllm_memory unset"
+            )
+            engine = f"vLLM ({share:.0%} of each GPU, {source})"
         text = (
             f"memory of {stage}: {engine} holds the weights, {weights / GB:.1f} GB, on each of {world} GPU(s)"
         )
@@ -270,9 +203,11 @@ def _trainer_gpu(
             f" on {world} GPU(s)"
         )
     text += f": about {need:.1f} GB per GPU {when} ({_detail(parts)}) before activations"
+    # vLLM sleeps while the trainer works (its weights and KV cache released): the trainer's peaks have the
+    # GPU but the margin; what it keeps while vLLM generates is the KV cache check's (kv_cache.py)
     shared = stage == Stage.DRIVER and model.generator == "vllm"
-    share = 1 - model.vllm_memory if shared else 1.0
-    vllm = f" after vLLM's {model.vllm_memory:.0%} (model.vllm_memory)" if shared else ""
+    share = 1 - GENERATION_MARGIN_GB / gpu_gb if shared and gpu_gb else 1.0
+    vllm = f" while vLLM sleeps, less the {GENERATION_MARGIN_GB:g} GB margin" if shared else ""
     room = f"the {gpu_gb * share:.1f} GB of each {gpu_gb:g} GB GPU{vllm}" if gpu_gb else ""
     if not _every_rank(stage):  # one rank alone: neither ranks nor ZeRO-3 shard it
         fix = f"give {stage} GPUs with more memory, or none and mem_gb ≥ {math.ceil(need)} (`stages.{stage}`)"
@@ -284,8 +219,6 @@ def _trainer_gpu(
         options.append("shard further (model.zero_stage: 3)")
     if deepspeed:
         options.append(f"add ranks (nodes × tasks_per_node of {entry})")
-    if shared:
-        options.append("lower model.vllm_memory")
     return _gpu_verdict(text, need, gpu_gb, share, room, _listed(options))
 
 

@@ -104,7 +104,7 @@ def safetensors_tensor_bytes(path: Path) -> int:
 def tied_parameters(folder: Path | None) -> int:
     """The parameters of a model's LM head tied to its embedding (config.json's tie_word_embeddings), which a
     state dict lists twice; 0 when untied or unknown."""
-    config = _model_config(folder)
+    config = model_config_json(folder)
     if not config.get("tie_word_embeddings"):
         return 0
     return int(config.get("vocab_size", 0)) * int(config.get("hidden_size", 0))
@@ -187,12 +187,12 @@ def model_files(model: ModelConfig) -> tuple[Findings, ModelFiles]:
 
 def model_context(folder: Path | None) -> int | None:
     """The policy's context (max_position_embeddings of its config, or of its text config), if readable."""
-    data = _model_config(folder)
+    data = model_config_json(folder)
     value = data.get("text_config", data).get("max_position_embeddings")
     return int(value) if value else None
 
 
-def _model_config(folder: Path | None) -> dict[str, Any]:
+def model_config_json(folder: Path | None) -> dict[str, Any]:
     """A Hugging Face model folder's config.json; {} when there is none or it does not parse."""
     try:
         return json.loads((folder / "config.json").read_text()) if folder else {}

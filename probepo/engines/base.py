@@ -150,6 +150,18 @@ class GenerationEngine(Protocol):
         """Switch the policy: a checkpoint directory, a .safetensors file, or a model state dict."""
         ...
 
+    def sleep(self) -> bool:
+        """Give the device memory up to the trainer, which works next (score, optimize, a replay); nothing
+        generates until `waking`. Returns whether the engine still holds its policy's weights: False where
+        sleeping discarded them (vLLM's sleep level 2 on a GPU), and a policy must be loaded while waking."""
+        ...
+
+    def waking(self) -> AbstractContextManager[None]:
+        """Wake from `sleep`, in two steps that never peak together: the weights' memory on entering (a
+        policy's weights are loaded inside the block, while a trainer may lend its own), the rest (vLLM's KV
+        cache) on leaving, ready to generate."""
+        ...
+
 
 def chunk_seed(seed: int, chunk: int) -> int:
     """The seed of chunk `chunk` of a call seeded `seed` (63 bits of sha256): chunks draw independent

@@ -20,7 +20,13 @@ from probepo.engines.sampler import TorchGenerationEngine
 from probepo.engines.trainer import TorchTrainerEngine
 from probepo.models.gpt import GPT, load_model
 from probepo.run.determinism import apply_determinism
-from probepo.run.devices import check_fits_one_gpu, torch_device, weights_bytes
+from probepo.run.devices import check_fits_one_gpu, gpu_index, torch_device, weights_bytes
+from probepo.spend.model import GB, generation_share
+
+CPU_VLLM_MEMORY = 0.9
+"""vLLM's share of the machine's RAM on its CPU backend where the recipe sets no `model.vllm_memory`: the
+whole stage process, trainer included, is counted against it (ModelConfig.vllm_memory)."""
+HF_GENERATOR_SHARE = "the Hugging Face engine's: the whole GPU"
 
 
 def model_dtype(model: ModelConfig) -> torch.dtype:
@@ -83,11 +89,7 @@ def new_generator(config: RunConfig, layout: Path | None, scratch: Path) -> Gene
         return TorchGenerationEngine(GPT(model), **batching)
     if layout is None:
         raise ValueError("a Hugging Face generation engine is built on a checkpoint folder")
-    share, setting = (
-        (model.vllm_memory, "model.vllm_memory")
-        if model.generator == "vllm"
-        else (1.0, "the Hugging Face engine's: the whole GPU")
-    )
+    share, setting = vllm_memory(config, layout) if model.generator == "vllm" else (1.0, HF_GENERATOR_SHARE)
     check_fits_one_gpu(weights_bytes(layout), share, setting)
     if model.generator == "vllm":
         from probepo.engines.vllm_engine import VLLMGenerationEngine
@@ -98,11 +100,30 @@ def new_generator(config: RunConfig, layout: Path | None, scratch: Path) -> Gene
             **batching,
             seed=config.seed,
             scratch=scratch,
-            gpu_memory_utilization=model.vllm_memory,
+            gpu_memory_utilization=share,
         )
     from probepo.engines.hf import HFGenerationEngine
 
     return HFGenerationEngine(layout, dtype=model_dtype(model), device=torch_device(), **batching)
+
+
+def vllm_memory(config: RunConfig, layout: Path) -> tuple[float, str]:
+    """vLLM's share of this rank's GPU (its `gpu_memory_utilization`) and where it comes from: the recipe's
+    `model.vllm_memory`, else computed (spend/model.py `generation_share`) from this GPU's memory and what the
+    trainer beside it keeps resident, taken to run on every rank of the process group (a generation-only job
+    is counted as if it had one: room left over, never too little). Without a GPU, CPU_VLLM_MEMORY."""
+    model = config.model
+    if model.vllm_memory is not None:
+        return model.vllm_memory, "model.vllm_memory"
+    if not torch.cuda.is_available():
+        return CPU_VLLM_MEMORY, "model.vllm_memory unset: the CPU backend's default"
+    gpu_gb = torch.cuda.get_device_properties(gpu_index()).total_memory / GB
+    ranks = 1
+    if model.trainer == "deepspeed" and torch.distributed.is_initialized():
+        ranks = torch.distributed.get_world_size()
+    parameters = weights_bytes(layout) // model_dtype(model).itemsize  # the files' headers are noise
+    share = generation_share(config, parameters, gpu_gb, ranks)
+    return share, f"model.vllm_memory unset: {share:.2f} computed beside a trainer of {ranks} rank(s)"
 
 
 def hand_off(generator: GenerationEngine, weights: Path | dict[str, Tensor]) -> None:

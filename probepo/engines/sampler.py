@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -177,6 +178,14 @@ class LockstepDecoding(ChunkedDecoding, Generic[C]):
     """Each chunk of an engine call as one lockstep loop over a KV cache of type C, chunk after chunk, for
     the engines that run the model themselves (vLLM decodes on its own); they supply the model through the
     hooks below."""
+
+    def sleep(self) -> bool:
+        """Nothing is freed: their KV cache lives only inside a call, and the weights stay (True)."""
+        return True
+
+    def waking(self) -> AbstractContextManager[None]:
+        """Nothing to wake: the weights never left."""
+        return nullcontext()
 
     def _decode_chunks(
         self,

@@ -25,6 +25,13 @@ node's scratch otherwise (a worker in another process would receive a pickled co
 `reload_weights` leaves a tied LM head on the old embedding (it restores the head's old
 tensor when the checkpoint has none for it: stale logits after every update); the extension ties it again
 and rebuilds what the backend derived from it (the CPU backend's packed GEMM weights).
+
+Sleep (docs/DETERMINISM.md, "vLLM asleep while the trainer works"): on a GPU the engine is built with vLLM's
+sleep mode, and sleeps at level 2 while the trainer works (weights and KV cache discarded, the model's
+buffers kept on the host); it wakes its weights' memory, takes policy k's weights, then wakes its KV cache,
+so that the two never peak together beside the trainer. On CPU vLLM has no sleep mode: nothing sleeps.
+Every call below is read in vLLM 0.32.0's source (the release's wheel, commit 5df63a720), never run on a GPU
+here.
 """
 
 from __future__ import annotations
@@ -94,6 +101,11 @@ class VLLMGenerationEngine(ChunkedDecoding):
             "handoff_memory" if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" else "handoff_file"
         )
         """How load_weights takes a state dict: by reference with the worker in this process, else a file."""
+        self.sleeps: bool = llm_options.setdefault("enable_sleep_mode", _has_sleep_mode())
+        """Whether `sleep` frees the GPU: vLLM's sleep mode, on a GPU only."""
+        self._asleep: set[str] = set()
+        """vLLM's memory asleep ("weights", "kv_cache"): a generate would wait on its paused scheduler for
+        good, a load would write to unmapped memory; both are refused instead."""
         with _engine_per_rank(llm_options):
             self.llm = LLM(
                 model=str(self._model_view(Path(folder))),
@@ -113,6 +125,7 @@ class VLLMGenerationEngine(ChunkedDecoding):
 
     def load_weights(self, source: str | Path | dict[str, Tensor]) -> None:
         """Switch the policy in place: a checkpoint folder, a .safetensors file, or a model state dict."""
+        self._refuse_asleep("weights", "load weights")
         if isinstance(source, dict) and self.handoff == "handoff_memory":
             self.llm.collective_rpc("load_policy", args=(list(_distinct(source).items()),))
         elif isinstance(source, dict) or not Path(source).is_dir():
@@ -129,6 +142,44 @@ class VLLMGenerationEngine(ChunkedDecoding):
             self.llm.collective_rpc("load_policy", args=(str(self._model_view(Path(source))),))
         # Cached blocks hold keys and values of the old weights.
         self.llm.reset_prefix_cache()
+
+    def sleep(self) -> bool:
+        """Free the GPU for the trainer: vLLM's sleep level 2, which discards the weights and the KV cache
+        (vllm/entrypoints/llm.py:836-859; the worker keeps the model's buffers on the host,
+        vllm/v1/worker/gpu_worker.py:298-309). Level 1 would first copy the weights to host memory, which
+        the next hand-off overwrites anyway; level 0 with `release_kv_cache_memory` (llm.py:861-867) frees
+        the KV cache alone, the weights staying beside the trainer. Sleeping clears vLLM's prefix cache
+        (vllm/v1/engine/core.py:973). Returns whether the weights are kept: on CPU, where nothing sleeps."""
+        if not self.sleeps:
+            return True
+        self.llm.sleep(level=2)
+        self._asleep = {"weights", "kv_cache"}
+        return False
+
+    @contextmanager
+    def waking(self) -> Iterator[None]:
+        """Wake after `sleep`: the weights' memory first, for the hand-off inside the block, the KV cache on
+        leaving (vllm/entrypoints/llm.py:869-885: tags among "weights", "kv_cache", "scheduling"; after level
+        2 the executor sleeps with tags {"weights", "kv_cache"}, vllm/v1/executor/abstract.py:37,389, and
+        the scheduler resumes once both are awake, vllm/v1/engine/core.py:1016-1018: "scheduling" is level
+        0's alone)."""
+        if not self.sleeps:
+            yield
+            return
+        # The trainer's freed blocks go back to the device first; vLLM empties the cache of its worker's
+        # process too (vllm/device_allocator/cumem.py:342-343), which is another process when vLLM's
+        # multiprocessing is on.
+        torch.cuda.empty_cache()
+        self.llm.wake_up(tags=["weights"])
+        self._asleep.discard("weights")
+        yield
+        if not self.llm.wake_up(tags=["kv_cache"]):
+            raise RuntimeError("vLLM woke its weights and KV cache but says it is still asleep")
+        self._asleep.clear()
+
+    def _refuse_asleep(self, memory: str, what: str) -> None:
+        if memory in self._asleep:
+            raise RuntimeError(f"cannot {what} while vLLM's {memory} sleep: wake it first (`waking`)")
 
     def placement(self) -> tuple[int, int]:
         """Where the engine's one worker sits: (its rank in vLLM's world, the local rank it was built on,
@@ -258,6 +309,7 @@ class VLLMGenerationEngine(ChunkedDecoding):
         )
 
     def _generate(self, prompts: Sequence[list[int]], params: list[Any]) -> list[Any]:
+        self._refuse_asleep("kv_cache", "generate")
         if not prompts:
             return []
         from vllm.inputs import TokensPrompt
@@ -324,6 +376,16 @@ def _engine_per_rank(llm_options: dict[str, Any]) -> Iterator[None]:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+
+def _has_sleep_mode() -> bool:
+    """Whether vLLM has a sleep mode on this machine's device: on its GPU platforms only
+    (vllm/platforms/interface.py:231-236). Asked on CPU, vLLM's ModelConfig raises a ValueError
+    (vllm/config/model.py:655-657); its CPU worker's sleep only warns
+    (vllm/v1/worker/cpu_worker.py:179-185)."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_sleep_mode_available())
 
 
 def _finish(reason: str | None) -> FinishReason:

@@ -1,6 +1,10 @@
 """What an update moves and how long that takes, from a recipe's shape alone: the model `probepo check` prints
 before an allocation, and the one bench/overhead.py extrapolates its counted bytes to 7B with.
 
+It also holds what a trainer keeps on each rank's device (`trainer_peaks`, DeepSpeed's allocations cited
+at `_deepspeed_peaks`): the memory check's figures, and what decides vLLM's share of a GPU it shares with
+the trainer (`generation_share`).
+
 It follows the code path by path (stages/policy.py, committed.py and optimize.py, engines/build.py, the
 trainers' `weights()` and `state()`): the bytes of each kind are what rank 0's spend counters
 (probepo/spend/__init__.py) record for one update, and tests/pipeline/test_spend_model.py holds the model to
@@ -13,12 +17,16 @@ imports torch or a stage.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from probepo.run.schedule import is_optimizer_state
 from probepo.spend import ByteKind, Piece
+
+if TYPE_CHECKING:
+    from probepo.config import RunConfig
 
 GB = 1e9
 DEEPSPEED_OPTIMIZER_BYTES = 12
@@ -281,3 +289,144 @@ def estimate(shape: UpdateShape, bandwidths: Bandwidths = STATED) -> Estimate:
     plain = UpdateEstimate.of(shape, update_moves(shape, checkpoint=False), bandwidths)
     full = UpdateEstimate.of(shape, update_moves(shape, checkpoint=True), bandwidths)
     return Estimate(shape, plain, full, bandwidths)
+
+
+FP32 = 4
+"""Bytes of a float32: DeepSpeed's master weights and gradient partitions are float32 whatever the
+model's dtype."""
+
+TrainerUse = Literal["fresh", "weights", "training"]
+
+Peaks = dict[str, dict[str, float]]
+"""Bytes on a rank's device by part, at each moment the trainer peaks (named as a line prints it)."""
+
+
+def trainer_peaks(config: RunConfig, parameters: int, ranks: int, use: TrainerUse, on_gpu: bool) -> Peaks:
+    """The trainer's bytes on each rank's device (its GPU, `on_gpu`; else the host) at its peaks."""
+    model = config.model
+    sizes = PolicySizes.of(parameters, dtype=model.dtype, trainer=model.trainer)
+    weights = float(sizes.weights)
+    # torch's AdamW takes the sqrt of its second moment into a temporary: one on CUDA (its foreach path,
+    # torch/optim/adam.py 762), two on the CPU (its single-tensor path, adam.py 544: sqrt, then a division)
+    temporaries = 1 if on_gpu else 2
+    if model.trainer == "deepspeed":
+        return _deepspeed_peaks(
+            model.zero_stage, weights, parameters, sizes.optimizer, ranks, use, temporaries
+        )
+    peaks = {"as built": {"weights": weights}}
+    if use == "training":  # torch's AdamW on one device, its moments in the weights' dtype (PolicySizes)
+        peaks["at the first optimizer step"] = {
+            "weights": weights,
+            "gradients": weights,
+            "AdamW moments": float(sizes.optimizer),
+            "AdamW's step temporaries": weights * temporaries,
+        }
+    return peaks
+
+
+def _deepspeed_peaks(
+    zero_stage: int,
+    weights: float,
+    parameters: int,
+    optimizer: int,
+    ranks: int,
+    use: TrainerUse,
+    temporaries: int,
+) -> Peaks:
+    """DeepSpeed 0.19.8 (.venv/lib/python3.11/site-packages/deepspeed/runtime/), one rank of W, with torch's
+    AdamW as its client optimizer (engines/deepspeed_engine.py):
+    - engine.py 2093-2094: the module moves to the device whole (no zero.Init: the model is loaded on the
+      host, engines/build.py).
+    - ZeRO-2, zero/stage_1_and_2.py: 438-524 flattens the weights into one buffer (a second copy for a
+      moment, on the device where it has room, else on the host: not counted); 569-577 clones this rank's
+      partition as fp32 masters; 934-946 allocates an fp32 gradient partition at init, then frees it; 2192
+      keeps a gradient partition in the weights' dtype from the first backward; 3118-3126 makes it fp32 for
+      the step, where AdamW creates its two fp32 moments (torch/optim/adam.py 178-182) and takes its
+      `temporaries` of the partition. A backward pass holds DeepSpeed's reduce bucket instead (5e8 elements
+      of the weights' dtype, zero/config.py 113; stage_1_and_2.py 3266, released at 1061): 1 GB in bf16,
+      less than the step's fp32 gradients and temporary at 7B on 8 ranks; not counted.
+    - ZeRO-3, zero/stage3.py: each rank keeps 1/W of the weights once they are partitioned; 1081-1172 fp32
+      masters; 791 a gradient partition in the accumulation dtype, the model's by default (engine.py
+      1806-1807); 1306-1368 the fp32 gradient buffer of init, freed again; the step as ZeRO-2's.
+    `optimizer` is the masters and moments of every rank (spend_model.DEEPSPEED_OPTIMIZER_BYTES a
+    parameter). Measured here on the CPU (RSS of one rank building and stepping a 220 M-parameter Llama, by
+    /proc/self/statm): the first step's rise over the built trainer was these parts within 1 % in bf16, and
+    0-16 % below them in fp32 (the allocator reusing freed heap); the bf16 init rose ~0.7 × the weights
+    above them: heap of the per-parameter tensors freed by the flattening, which the allocator keeps (no live
+    tensor holds it)."""
+    fp32_partition = parameters * FP32 / ranks
+    held = {"weights": weights} if zero_stage == 2 else {"weight partition": weights / ranks}
+    held["fp32 masters"] = fp32_partition
+    peaks: Peaks = {}
+    if zero_stage == 3:
+        peaks["when moved to the device, before partitioning"] = {"weights": weights}
+        held["gradient partition"] = weights / ranks
+    peaks["at DeepSpeed's init"] = {**held, "fp32 gradient partition": fp32_partition}
+    if use == "training":
+        peaks["at the first optimizer step"] = {
+            **held,
+            "gradient partition": weights / ranks,
+            "fp32 gradients": fp32_partition,
+            "AdamW moments": optimizer / ranks - fp32_partition,
+            "AdamW's step temporaries": fp32_partition * temporaries,
+        }
+    return peaks
+
+
+GENERATION_MARGIN_GB = 6.0
+"""GB of each GPU that neither the trainer's tensors nor vLLM's share may take: the process's CUDA context
+with its cuBLAS and NCCL workspaces (~1-2 GB), the trainer's cached blocks that `torch.cuda.empty_cache`
+cannot return (segments partly in use: fragmentation), and the error of vLLM's own profile of its
+activations. A stated choice, ~4 % of an H200, not measured (no GPU here)."""
+
+STEP_TRANSIENTS = ("fp32 gradients", "AdamW's step temporaries")
+"""Parts of the trainer's step peak freed when the step is done (its activations are not counted at all)."""
+OPTIMIZER_STATE = ("fp32 masters", "AdamW moments")
+"""Parts of the trainer's state an optimizer offload moves to host memory between its phases."""
+
+
+def trainer_resident(
+    config: RunConfig, parameters: int, ranks: int, *, offload_optimizer: bool = False
+) -> Peaks:
+    """What a training trainer of `ranks` ranks keeps on each rank's GPU while vLLM generates beside it, at
+    its two moments: its build (DeepSpeed's init peak: the generator may be built before the trainer or
+    after it, and torch's allocator keeps what the init freed) and between optimizer steps (the weights or
+    their partition, the optimizer shard and the gradient partition; the step's own buffers freed).
+    `offload_optimizer`: the optimizer shard moved to host memory between phases (its init peak kept)."""
+    peaks = trainer_peaks(config, parameters, ranks, "training", on_gpu=True)
+    step = peaks.pop("at the first optimizer step")
+    dropped = STEP_TRANSIENTS + (OPTIMIZER_STATE if offload_optimizer else ())
+    return {**peaks, "between optimizer steps": {n: v for n, v in step.items() if n not in dropped}}
+
+
+def generation_share(
+    config: RunConfig,
+    parameters: int,
+    gpu_memory_gb: float,
+    ranks: int,
+    *,
+    offload_optimizer: bool = False,
+) -> float:
+    """The share of each rank's GPU (of `gpu_memory_gb`) vLLM may take, weights and KV cache (its
+    `gpu_memory_utilization`), beside a trainer of `ranks` ranks (0: none, a generation-only job) training a
+    model of `parameters` parameters as `config.model` says: what the trainer's highest resident moment
+    (`trainer_resident`) and GENERATION_MARGIN_GB leave of the GPU, floored to a hundredth; 0 where they
+    leave nothing. vLLM sleeps while the trainer works (its weights and KV cache released), so the
+    trainer's step peak and activations are not counted; vLLM sizes its KV cache once, when it is built.
+    Pure: `model.vllm_memory` (an explicit override) is `vllm_share`'s. E.g. DeepSeekMath-7B (6.9 B) under
+    ZeRO-2 on 8 H200s of 141 GB: between steps 13.8 + 3.45 + 1.725 + 6.9 = 25.9 GB, 31.9 GB with the margin:
+    0.77 of the GPU."""
+    resident = 0.0
+    if ranks:
+        peaks = trainer_resident(config, parameters, ranks, offload_optimizer=offload_optimizer)
+        resident = max(sum(parts.values()) for parts in peaks.values()) / GB
+    free = 1 - (resident + GENERATION_MARGIN_GB) / gpu_memory_gb
+    return max(0.0, math.floor(free * 100) / 100)
+
+
+def vllm_share(config: RunConfig, parameters: int, gpu_memory_gb: float, ranks: int) -> float:
+    """vLLM's share of each rank's GPU: `model.vllm_memory` where the recipe sets it, else
+    `generation_share`."""
+    if config.model.vllm_memory is not None:
+        return config.model.vllm_memory
+    return generation_share(config, parameters, gpu_memory_gb, ranks)

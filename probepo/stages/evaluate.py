@@ -31,8 +31,9 @@ HELDOUT = "heldout"
 """The suite of a run's own eval split (its `eval` settings); every other suite is a benchmark."""
 EVAL_DECODE_TOKENS_PER_S = 3000.0
 """Tokens a second one engine is assumed to decode in an evaluation call whose rows all run to their
-response budget: vLLM at 7B (DeepSeekMath-7B) on one H200 with model.vllm_memory 0.35, by the H200 roofline
-of bench/ranks_model.py (`h200_decoder`, `call_seconds`: a step costs 2 ms + the 13.8 GB of bf16 weights
+response budget: vLLM at 7B (DeepSeekMath-7B) on one H200 at a fixed 0.35 of it (the share before
+time-sharing, which only enlarges the cache and the figure), by the H200 roofline of bench/ranks_model.py
+(`h200_decoder`, `call_seconds`: a step costs 2 ms + the 13.8 GB of bf16 weights
 read at 70 % of 4.8 TB/s, 35 µs a row and each row's KV cache read; the cache, 0.35 × 141 GB less the
 weights, holds ~68,000 tokens: ~60 rows of 120 + 1,024), which gives 3,140 tokens/s for a call of 64 such
 rows and 4,050-4,310 for calls of 256-2,048: the lower figure, as the roofline is not measured (no GPU

@@ -46,6 +46,9 @@ class Resident:
     trainer_optimizer_state: bool = False
     """The resident trainer holds its optimizer state (False: loaded with the weights alone, to score)."""
     generator: int | None = None
+    """None also while the generator sleeps without its weights (vLLM's sleep level 2 on a GPU discards
+    them): asleep, it holds no policy until one is handed to it. One whose sleep kept them (the torch and
+    Hugging Face engines, vLLM on CPU) still holds its policy, which it serves once awake."""
 
 
 @dataclass(frozen=True)

@@ -92,11 +92,12 @@ def run(ctx: StageContext) -> None:
     }
     latest, start, history = _resume_from(parts)
     engines = policy_engines(ctx)
-    if latest:
+    if latest:  # the generator sleeps and any resident trainer goes before the part's trainer loads
+        engines.release_trainer(ctx)
         engine = load_trainer(ctx.config, fetch_policy(ctx, latest))
     else:
         engine = engines.trainer(ctx, optimizer_state=True)
-    engines.release_trainer(ctx)  # changed in place from here on: resident again once it holds policy k + 1
+        engines.release_trainer(ctx)  # changed in place from here on: resident again once it holds k + 1
     n_minibatches = len(engine.minibatches(len(batch.responses), seed))
     ctx.attempt_notes["resumed_at_minibatch"] = start
 

@@ -11,13 +11,19 @@ answer. A generator takes policy k from the trainer in memory (`live_weights`, n
 gathered for the hand-off) or from a committed folder (`engines.build.hand_off`). Policy k is committed in
 full at update 0, every `checkpoint_every` updates and after the last; between those, optimize commits only
 its metrics and the fingerprint of the weights it made.
+
+The two engines take turns on a GPU they share (the phases, `PolicyEngines`): before the trainer is asked
+(score, optimize, a replay) the generator sleeps (`GenerationEngine.sleep`: vLLM gives its memory up, the
+others keep everything); before it generates again it wakes, its weights' memory first, then policy k's
+weights, then its KV cache (`waking`). A generator whose sleep discarded its weights holds no policy: its
+`Resident.generator` is None until policy k is handed to it again.
 """
 
 from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 from torch import Tensor
@@ -63,6 +69,8 @@ class PolicyEngines:
         self._trainer_optimizer_state = False
         self._generator: GenerationEngine | None = None
         self._generator_policy: int | None = None
+        """None also while it sleeps without its weights."""
+        self._generator_awake = False
 
     @property
     def resident(self) -> Resident:
@@ -76,33 +84,29 @@ class PolicyEngines:
         location = self._locate(ctx, Need.TRAIN if optimizer_state else Need.SCORE)
         match location:
             case InEngine() if self._trainer is not None:
+                self._generator_sleeps()
                 return self._trainer
             case _:
                 return self._trainer_from_store(ctx, location)
 
     def generator(self, ctx: StageContext) -> GenerationEngine:
-        """A generation engine on policy k, kept resident: the resident one when it holds policy k, else one
-        given policy k's weights — the resident trainer's, the committed checkpoint's, or a replay's (whose
-        trainer stays resident for the next stages)."""
+        """A generation engine on policy k, awake and kept resident: the resident one when it holds policy k,
+        else one given policy k's weights — the resident trainer's, the committed checkpoint's, or a replay's
+        (whose trainer stays resident for the next stages)."""
         location = self._locate(ctx, Need.GENERATE)
-        source: PolicySource
+        source: PolicySource | None
         match location:
             case InEngine(engine=Engine.GENERATOR) if self._generator is not None:
-                return self._generator
+                source = None
             case InEngine(engine=Engine.TRAINER) if self._trainer is not None:
                 source = self._trainer
             case InCheckpoint():
                 source = fetch_policy(ctx, optimizer_state=False)
             case _:
                 source = self._trainer_from_store(ctx, location)
-        with _weights_of(source) as weights:
-            if self._generator is not None:
-                generator = self._generator
-                hand_off(generator, weights)
-            else:
-                generator = _new_generator(ctx, weights)
-        self._generator, self._generator_policy = generator, ctx.update
-        return generator
+        self._generator = self._awake_generator(ctx, source)
+        self._generator_policy, self._generator_awake = ctx.update, True
+        return self._generator
 
     def trainer_made(self, ctx: StageContext, engine: TrainerEngine, policy: int) -> None:
         """`engine`, its optimizer state included, holds `policy`, which it made (optimize: k + 1;
@@ -112,14 +116,15 @@ class PolicyEngines:
 
     def release_trainer(self, ctx: StageContext) -> None:
         """Forget the trainer (optimize changes it in place: until it has made policy k + 1 it holds
-        neither policy)."""
+        neither policy); the generator sleeps while it trains."""
         self._claim(ctx)
+        self._generator_sleeps()
         self._forget_trainer()
 
     def release(self) -> None:
         """Forget every engine (after a stage failed: it may have changed one half-way)."""
         self._forget_trainer()
-        self._owner, self._generator, self._generator_policy = None, None, None
+        self._owner, self._generator, self._generator_policy, self._generator_awake = None, None, None, False
 
     def _claim(self, ctx: StageContext) -> None:
         owner = (ctx.store.url, ctx.run_id)
@@ -139,6 +144,7 @@ class PolicyEngines:
         self, ctx: StageContext, location: InCheckpoint | ByReplay | Nowhere
     ) -> TrainerEngine:
         """A trainer on policy k built where `location` says — its checkpoint, or a replay — kept resident."""
+        self._generator_sleeps()  # before the trainer's memory comes
         optimizer_state = not isinstance(location, InCheckpoint) or location.optimizer_state
         if optimizer_state and self._trainer is not None and not self._trainer_optimizer_state:
             self._forget_trainer()  # a scoring engine's memory goes before the full trainer's comes
@@ -153,6 +159,29 @@ class PolicyEngines:
                 raise no_full_checkpoint(ctx)
         self._hold_trainer(engine, ctx.update, optimizer_state=optimizer_state)
         return engine
+
+    def _generator_sleeps(self) -> None:
+        """The trainer works next: the generator gives its memory up (where it shares the GPU), and one whose
+        weights went holds no policy."""
+        if self._generator is None or not self._generator_awake:
+            return
+        if not self._generator.sleep():
+            self._generator_policy = None
+        self._generator_awake = False
+
+    def _awake_generator(self, ctx: StageContext, source: PolicySource | None) -> GenerationEngine:
+        """The generator, awake, given policy k's weights from `source` (None: it holds them): a new one,
+        or the resident one, whose weights' memory wakes before the hand-off and its KV cache after."""
+        if self._generator is None:
+            assert source is not None, "locate finds policy k in a generator only where there is one"
+            with _weights_of(source) as weights:
+                return _new_generator(ctx, weights)
+        generator = self._generator
+        with nullcontext() if self._generator_awake else generator.waking():
+            if source is not None:
+                with _weights_of(source) as weights:
+                    hand_off(generator, weights)
+        return generator
 
     def _forget_trainer(self) -> None:
         self._trainer, self._trainer_policy, self._trainer_optimizer_state = None, None, False

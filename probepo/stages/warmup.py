@@ -34,8 +34,9 @@ older code never serves its warm-up as current (2: checks seeded from the key, n
 
 def warmup_run_id(config: RunConfig) -> str:
     """The warm-up run shared by every run with the same task, model, sampling and warm-up settings."""
+    hashed = config.hashed()
     key = {
-        name: getattr(config, name).model_dump(mode="json", exclude=KEY_LEFT_OUT.get(name))
+        name: getattr(hashed, name).model_dump(mode="json", exclude=KEY_LEFT_OUT.get(name))
         for name in KEY_FIELDS
     }
     key["version"] = KEY_VERSION

@@ -167,11 +167,12 @@ def test_the_testbed_and_the_tiny_qwen_recipes_pass(slurm_cluster, tmp_path, tin
     )
 
 
-def test_the_memory_line_leaves_vllm_its_share_under_the_resident_executor(
+def test_the_memory_line_gives_the_trainer_the_gpu_vllm_sleeps_through_under_the_resident_executor(
     slurm_cluster, tmp_path, tiny_qwen: TinyQwen
 ):
-    """The resident job's ranks share each GPU between the trainer and a vLLM engine (model.vllm_memory of
-    it); a job per stage gives the optimize job's GPUs to the trainer whole."""
+    """The resident job's ranks time-share each GPU between the trainer and a vLLM engine that sleeps while
+    the trainer works: the trainer has the GPU less a margin; a job per stage gives the optimize job's GPUs to
+    the trainer whole."""
     model = {"kind": "hf", "pretrained": str(tiny_qwen.folder), "generator": "vllm", "vllm_memory": 0.35}
     qwen = qwen_config(tiny_qwen.folder, model=model, store=str(tmp_path / "store")).model_dump(mode="json")
     gpus = {"gpus_per_node": 2, "tasks_per_node": 2, "gpu_memory_gb": 80}
@@ -181,7 +182,7 @@ def test_the_memory_line_leaves_vllm_its_share_under_the_resident_executor(
         found = check_launch(qwen, executor, profile).findings
         (memory[executor],) = [line for line in found.passed if line.startswith("memory: ")]
     assert memory["resident"].endswith(
-        "leaving the 52.0 GB of each 80 GB GPU after vLLM's 35% (model.vllm_memory)"
+        "leaving the 74.0 GB of each 80 GB GPU while vLLM sleeps, less the 6 GB margin"
     )
     assert memory["slurm"].endswith("leaving the 80.0 GB of each 80 GB GPU")
 

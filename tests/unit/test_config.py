@@ -113,7 +113,7 @@ def test_the_vllm_generator_needs_a_hugging_face_model():
     with pytest.raises(ValidationError, match="vllm_memory"):
         RunConfig.model_validate({"task": {"kind": "math"}, "model": {**hf, "vllm_memory": 0}})
     model = RunConfig.model_validate({"task": {"kind": "math"}, "model": hf}).model
-    assert (model.generator, model.vllm_memory) == ("vllm", 0.9)
+    assert (model.generator, model.vllm_memory) == ("vllm", None)
 
 
 def test_the_deepspeed_trainer_needs_a_hugging_face_model():

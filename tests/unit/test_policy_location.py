@@ -1,11 +1,12 @@
 """Where policy k is (probepo/stages/location.py): `locate` over every case, as a table; and the engines that
 act on it (PolicyEngines), their transitions on fake engines: what the resident engines serve reads no
-store."""
+store, and a generator asleep without its weights holds no policy (tests/unit/test_generation_phases.py
+drives the phases over whole updates)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,9 @@ OLD_TRAINER = Resident(trainer=K - 1, trainer_optimizer_state=True)
 GENERATOR = Resident(generator=K)
 BOTH = Resident(trainer=K, trainer_optimizer_state=True, generator=K)
 STALE_GENERATOR = Resident(trainer=K, trainer_optimizer_state=True, generator=K - 1)
+ASLEEP = Resident(trainer=K, trainer_optimizer_state=True, generator=None)
+"""A generator on policy k asleep without its weights (vLLM's sleep level 2 on a GPU) holds no policy."""
+ASLEEP_ALONE = Resident(generator=None)
 
 FULL = Committed("full", K)
 WEIGHTS = Committed("weights", 3)
@@ -67,6 +71,11 @@ CASES = [
     (GENERATE, BOTH, None, IN_GENERATOR),
     (GENERATE, STALE_GENERATOR, None, IN_TRAINER),
     (SCORE, BOTH, None, IN_TRAINER),
+    # a generator asleep without its weights is given policy k again, as a new one would be
+    (GENERATE, ASLEEP, None, IN_TRAINER),
+    (GENERATE, ASLEEP_ALONE, None, AskTheStore()),
+    (GENERATE, ASLEEP_ALONE, FULL, CHECKPOINT_WEIGHTS),
+    (GENERATE, ASLEEP_ALONE, UNCOMMITTED, ByReplay(3)),
     # what they do not serve asks the store
     (TRAIN, SCORER, None, AskTheStore()),  # a scoring engine does not train
     (TRAIN, GENERATOR, None, AskTheStore()),
@@ -143,9 +152,17 @@ class FakeTrainer:
 class FakeGenerator:
     handoff = "handoff_memory"
     loaded: list[Any] = field(default_factory=list)
+    keeps_weights: bool = True
+    """What `sleep` says: True as the torch engines, False as vLLM's level 2 on a GPU."""
 
     def load_weights(self, weights: Any) -> None:
         self.loaded.append(weights)
+
+    def sleep(self) -> bool:
+        return self.keeps_weights
+
+    def waking(self) -> AbstractContextManager[None]:
+        return nullcontext()
 
 
 def context(store: Any, tmp_path: Path, run_id: str = "run", update: int = 0) -> StageContext:
@@ -210,3 +227,24 @@ def test_a_policy_nothing_rebuilds_is_refused(tmp_path: Path) -> None:
     ):
         engines.trainer(at_update(ctx, 1), optimizer_state=True)
     assert engines.resident == Resident(trainer=2, trainer_optimizer_state=True)
+
+
+@pytest.mark.parametrize("keeps_weights", [False, True])
+def test_a_generator_asleep_without_its_weights_holds_no_policy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keeps_weights: bool
+) -> None:
+    """Asking for the trainer puts the generator to sleep: one that discarded its weights is no resident
+    policy (the table's ASLEEP: policy k is handed to it again), one that kept them still holds policy k."""
+    generator = FakeGenerator(keeps_weights=keeps_weights)
+    monkeypatch.setattr(policy, "new_generator", lambda *_: generator)
+    engines, trainer = PolicyEngines(), FakeTrainer()
+    ctx = context(NoStore(), tmp_path, update=K)
+    engines.trainer_made(ctx, trainer, K)
+    engines.generator(ctx)
+    engines.trainer(ctx, optimizer_state=False)  # score
+    asleep = BOTH if keeps_weights else ASLEEP
+    assert engines.resident == asleep
+    assert locate(K, GENERATE, asleep, None) == (IN_GENERATOR if keeps_weights else IN_TRAINER)
+    assert engines.generator(ctx) is generator  # probe
+    assert len(generator.loaded) == (1 if keeps_weights else 2)
+    assert engines.resident == BOTH
