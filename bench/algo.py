@@ -14,7 +14,8 @@ the kernel's high-water mark (VmHWM) is reset through /proc/self/clear_refs just
 read after it, minus the resident set before it.
 
 Usage: .venv/bin/python bench/algo.py [--reps 30]
-Writes bench/results/algo.json and prints it.
+Writes bench/results/algo.json and prints it, then its table (`markdown`: docs/BENCHMARKS.md's, which the
+site renders from that file).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ from pathlib import Path
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import torch
-from benchlib import machine
+from benchlib import machine, recorded, table
 
 from probepo.algo.advantage import group_stats, grpo_advantages, redistribute, shrink_values
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
@@ -199,6 +200,56 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+PARTS = (
+    (("window_max",), "`window_max` (max_pool1d over an -inf-padded copy)"),
+    (("step_candidates",), "`step_candidates`"),
+    (("select_pivots",), "`select_pivots` (greedy on the [N, C] candidate lists, C ≪ T)"),
+    (
+        ("group_stats", "shrink_values", "grpo_advantages"),
+        "`group_stats` + `shrink_values` + `grpo_advantages`",
+    ),
+    (("redistribute",), "`redistribute` (per-segment values expanded by one `repeat_interleave`)"),
+)
+"""The breakdown's rows: the functions each sums, and how the table names them."""
+
+
+def markdown(results: dict) -> str:
+    """docs/BENCHMARKS.md's algo table, rendered from bench/results/algo.json when the site is built."""
+    parts = dict(results["breakdown_ms"])
+    named = [(label, sum(parts.pop(name) for name in names)) for names, label in PARTS if names[0] in parts]
+    named += [(f"`{name}`", ms) for name, ms in parts.items()]
+    rows = [
+        [
+            "whole update: window_max → step_candidates → select_pivots → shrink_values → grpo_advantages"
+            " → redistribute",
+            f"**{results['update_maths_ms']:.1f} ms** median (target ≤ {results['target_ms']:g}),"
+            f" {results['update_maths_min_ms']:.1f} ms min",
+        ],
+        [
+            "of which CPU time of the thread (means)",
+            f"{results['update_maths_user_ms_mean']:.1f} ms user,"
+            f" {results['update_maths_sys_ms_mean']:.1f} ms system"
+            f" ({results['page_faults_per_update_mean']:,} minor page faults)",
+        ],
+        [
+            "same, glibc keeping freed memory (`mallopt` M_MMAP_THRESHOLD 32 MiB, M_TRIM_THRESHOLD 1 GiB)",
+            f"{results['update_maths_ms_heap_reuse']:.1f} ms median,"
+            f" {results['update_maths_sys_ms_mean_heap_reuse']:.1f} ms system",
+        ],
+        [
+            "peak memory of one update (resident-set high-water growth over its inputs, fresh process)",
+            f"{results['peak_mem_mb']:.1f} MB",
+        ],
+        *([label, f"{ms:.1f} ms"] for label, ms in named),
+    ]
+    head = recorded(results, "bench/results/algo.json")
+    if "load_average_1min" in results:
+        head += f"; 1-min load average {results['load_average_1min']:g} at the start"
+    lines = [head + f"; {results['timing'].split(';')[0]}.", "", *table(["measure", "value"], rows)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""What every benchmark records beside its figures: the machine it ran on."""
+"""What every benchmark records beside its figures (the machine it ran on), and what its tables open with
+(the command, date and machine of its results file) when the site renders them from that file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import platform
 import statistics
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 
@@ -49,3 +51,39 @@ def seconds_of(run: Callable[[], object]) -> float:
 def median_seconds(run: Callable[[], object], repeats: int) -> float:
     """The median of `repeats` timed calls of `run`."""
     return statistics.median(seconds_of(run) for _ in range(repeats))
+
+
+def when(date: str) -> str:
+    """A results file's ISO date as the tables give it, to the minute in UTC: 2026-12-03T13:56Z (a day
+    alone stays as it is)."""
+    if "T" not in date:
+        return date
+    return datetime.fromisoformat(date).astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def recorded(entry: dict, results: str) -> str:
+    """The line a table of `results` (the results file's path in the repository) opens with: the command
+    that wrote `entry`, the date and the machine, as the entry records them (what it lacks is left out)."""
+    command = entry.get("command", "").strip()
+    what = f"`{command}` → `{results}`" if command else f"`{results}`"
+    ran = "; ".join(
+        str(entry[key]) if key == "machine" else when(entry[key])
+        for key in ("date", "machine")
+        if entry.get(key)
+    )
+    return f"{what} ({ran})" if ran else what
+
+
+def marked(name: str, text: str) -> str:
+    """`text` between the two comments by which a page's `{include}` takes it alone from the results
+    file's tables: `:start-after: <!-- table: NAME -->` and `:end-before: <!-- end: NAME -->`."""
+    return f"<!-- table: {name} -->\n{text}\n<!-- end: {name} -->"
+
+
+def table(header: list[str], rows: list[list[object]]) -> list[str]:
+    """A markdown table's lines."""
+    return [
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(str(cell) for cell in row) + " |" for row in rows),
+    ]

@@ -23,7 +23,8 @@ gone; the ways alternate which goes first; a first round warms up and is not kep
 `--rounds` times and the median kept. A ratio is ours ÷ raw throughput (the same bytes: raw seconds ÷ ours).
 CPU seconds are this process's and its children's (cp, sync) and, for S3, the endpoint's: moto's S3 server
 on loopback, started here (tests/s3server.py), sharing the machine's cores. Writes
-bench/results/checkpoint.json.
+bench/results/checkpoint.json; `markdown` renders it as docs/BENCHMARKS.md's table (the site renders it from
+that file).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ import botocore
 import psutil
 import torch
 import transformers
-from benchlib import machine
+from benchlib import machine, recorded, table
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -313,6 +314,47 @@ def main() -> None:
     }
     args.out.write_text(json.dumps(out, indent=2) + "\n")
     print(json.dumps({k: v for k, v in out.items() if k != "details"}, indent=2))
+    print(markdown(out))
+
+
+MODELS = {"tiny": "tiny Qwen2", "100m": "random-init Qwen2"}
+"""How the table names each model of the results file."""
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/BENCHMARKS.md's checkpoint table, rendered from bench/results/checkpoint.json when the site is
+    built: per model and target, ours (save + `commit_stage`) against the raw ways, medians."""
+    rows = []
+    for name, entry in results["details"].items():
+        model = MODELS.get(name, name)
+        disk, s3 = entry["disk"], entry["s3"]
+        seconds, rate = disk["seconds_median"], disk["mb_per_s"]
+        rows.append(
+            [
+                f"{model}, {entry['parameters'] / 1e6:.1f} M parameters ({disk['bytes'] / 1e6:,.1f} MB)",
+                "disk",
+                f"{seconds['ours']:.3f} s, {rate['ours']:.0f} MB/s",
+                f"`cp -r` {seconds['cp']:.3f} s, {rate['cp']:.0f} MB/s;"
+                f" `cp -r` + `sync` {seconds['cp_sync']:.3f} s",
+                f"**{disk['ratio']:.2f}**; {disk['ratio_vs_cp_sync']:.2f} vs `cp` + `sync`",
+            ]
+        )
+        seconds, rate = s3["seconds_median"], s3["mb_per_s"]
+        rows.append(
+            [
+                model,
+                "S3",
+                f"{seconds['ours']:.3f} s, {rate['ours']:.0f} MB/s",
+                f"`upload_file` per file {seconds['upload_file']:.3f} s, {rate['upload_file']:.0f} MB/s",
+                f"**{s3['ratio']:.2f}**",
+            ]
+        )
+    versions = ", ".join(f"{name} {version}" for name, version in results.get("versions", {}).items())
+    head = (
+        recorded(results, "bench/results/checkpoint.json") + f"; endpoint: {results['endpoint']}; {versions}."
+    )
+    header = ["model (checkpoint bytes)", "target", "ours (save + `commit_stage`)", "raw (save + …)", "ratio"]
+    return "\n".join([head, "", *table(header, rows)])
 
 
 if __name__ == "__main__":

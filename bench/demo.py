@@ -2,6 +2,9 @@
 resident memory of its largest process; records the accuracy gained by each arm.
 
     .venv/bin/python bench/demo.py            # about 5 minutes on the 2-core CPU machine
+
+Writes bench/results/demo.json; `markdown` renders it as docs/BENCHMARKS.md's table (the site renders it from
+that file).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from benchlib import machine
+from benchlib import machine, recorded, table
 
 from probepo.presets import load_run_config
 from probepo.report.summary import load_curves
@@ -61,6 +64,57 @@ def main() -> None:
     path = ROOT / "bench" / "results" / "demo.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    print(markdown(result))
+
+
+ARMS = {"grpo": "GRPO", "probepo": "ProbePO"}
+"""How the table names each arm."""
+
+
+def markdown(results: dict) -> str:
+    """docs/BENCHMARKS.md's demo table, rendered from bench/results/demo.json when the site is built."""
+    arms = results["arms"]
+    first = next(iter(arms.values()))
+    targets = results["targets"]
+    rows = [
+        [
+            "wall time, set-up excluded, warm-up included",
+            f"{results['wall_s']:.0f} s",
+            f"≤ {targets['wall_s']} s",
+        ],
+        [
+            "peak resident memory of the largest process",
+            f"{results['peak_rss_mb']:.0f} MB",
+            f"≤ {targets['peak_rss_mb']:,} MB",
+        ],
+    ]
+    for name, arm in arms.items():
+        start, end = arm["eval_updates"][0], arm["eval_updates"][-1]
+        errors = ", ".join(f"{100 * arm['stderr'][i]:.1f}" for i in (0, -1))
+        rows.append(
+            [
+                f"{ARMS.get(name, name)} accuracy, update {start} → {end}",
+                f"{100 * arm['accuracy'][0]:.1f} % → {100 * arm['accuracy'][-1]:.1f} %"
+                f" (**{results['gain_points'][name]:+.1f}** points; standard errors {errors})",
+                "learns",
+            ]
+        )
+
+    def against_first(key: str, unit: str, scale: float, spec: str) -> str:
+        figures = ", ".join(f"{ARMS.get(n, n)} {a[key] / scale:{spec}}{unit}" for n, a in arms.items())
+        others = [a[key] / first[key] for a in list(arms.values())[1:]]
+        return figures + "".join(f" ({ratio:.1f}×)" for ratio in others)
+
+    rows += [
+        ["sampled tokens (backbone + probes)", against_first("sampled_tokens", " M", 1e6, ".2f"), "–"],
+        [
+            f"stage wall time of the {first['eval_updates'][-1]} updates",
+            against_first("wall_s", " s", 1, ".0f"),
+            "–",
+        ],
+    ]
+    lines = [recorded(results, "bench/results/demo.json"), "", *table(["measure", "value", "target"], rows)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

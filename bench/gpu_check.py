@@ -8,8 +8,9 @@ Measures, in bf16 on CUDA:
    log-probs and full-vocabulary entropies;
 4. one optimizer step: PPO-clip on one mini-batch of --minibatch of those sequences (micro-batches of
    --microbatch, gradient checkpointing, fp32 AdamW with bf16 autocast);
-and the peak GPU memory of each. Writes bench/results/gpu_check.json (machine, date, command) and prints a
-markdown table. Needs torch and transformers only (plus probepo itself).
+and the peak GPU memory of each. Writes bench/results/gpu_check.json (machine, date, command) and prints its
+markdown table (docs/BENCHMARKS.md's, which the site renders from that file). Needs torch and transformers
+only (plus probepo itself).
 
 Usage: python bench/gpu_check.py                      # on a CUDA machine
        python bench/gpu_check.py --device cpu --small  # a smoke run of the script on a tiny config
@@ -224,25 +225,49 @@ def main() -> None:
     print(f"\nwritten to {out}")
 
 
-def markdown(results: dict[str, dict[str, Any]]) -> str:
-    """The measurements as a markdown table."""
+def markdown(results: dict[str, Any]) -> str:
+    """The measurements as a markdown table: docs/BENCHMARKS.md's, which the site renders from
+    bench/results/gpu_check.json (with the command, date and machine the file records)."""
+    from benchlib import recorded, table  # here: the module's imports stay as bench/gpu_gate.py reads them
 
     def gib(entry: dict[str, Any]) -> str:
         return "–" if entry["peak_gib"] is None else f"{entry['peak_gib']:.1f}"
 
     generate, probe, score, step = (results[k] for k in ("generate", "probe", "score", "optimizer_step"))
-    lines = [
-        "| measurement | size | seconds | throughput | peak GiB |",
-        "|---|---|---|---|---|",
-        f"| generate | {generate['tokens']} tokens | {generate['seconds']:.1f} |"
-        f" {generate['tokens_per_s']:.0f} tok/s | {gib(generate)} |",
-        f"| probe | {probe['prefixes']} prefixes, {probe['tokens']} tokens | {probe['seconds']:.1f} |"
-        f" {probe['tokens_per_s']:.0f} tok/s | {gib(probe)} |",
-        f"| score | {score['sequences']} × {score['tokens'] // score['sequences']} tokens |"
-        f" {score['seconds']:.1f} | {score['tokens'] / score['seconds']:.0f} tok/s | {gib(score)} |",
-        f"| optimizer step | {step['sequences']} sequences, micro-batch {step['microbatch']} |"
-        f" {step['seconds']:.1f} | – | {gib(step)} |",
+    rows = [
+        [
+            "generate",
+            f"{generate['tokens']:,} tokens",
+            f"{generate['seconds']:.1f}",
+            f"{generate['tokens_per_s']:,.0f} tok/s",
+            gib(generate),
+        ],
+        [
+            "probe",
+            f"{probe['prefixes']:,} prefixes, cutoff rescue ({probe['tokens']:,} tokens)",
+            f"{probe['seconds']:.1f}",
+            f"{probe['tokens_per_s']:,.0f} tok/s",
+            gib(probe),
+        ],
+        [
+            "score",
+            f"{score['sequences']:,} × {score['tokens'] // score['sequences']:,} tokens: log-probs and"
+            " full-vocabulary entropies",
+            f"{score['seconds']:.1f}",
+            f"{score['tokens'] / score['seconds']:,.0f} tok/s",
+            gib(score),
+        ],
+        [
+            "optimizer step",
+            f"{step['sequences']} sequences, micro-batch {step['microbatch']}",
+            f"{step['seconds']:.1f}",
+            "–",
+            gib(step),
+        ],
     ]
+    lines = table(["measurement", "size", "seconds", "throughput", "peak GiB"], rows)
+    if "machine" in results:
+        lines = [recorded(results, "bench/results/gpu_check.json"), "", *lines]
     return "\n".join(lines)
 
 

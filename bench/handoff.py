@@ -12,7 +12,8 @@ trainer's state dict is timed `--repeats` times (median), alternated:
   reloaded from it (the path still taken when vLLM's worker lives in another process);
 - `reload_from_folder`: vLLM reloading a committed checkpoint folder (the read without our write);
 - `host_memcpy`: the state dict's bytes copied once into touched host memory.
-Writes bench/results/handoff.json and prints a markdown table.
+Writes bench/results/handoff.json and prints its markdown table (docs/BENCHMARKS.md's, which the site renders
+from that file).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
-from benchlib import machine, seconds_of
+from benchlib import machine, recorded, seconds_of, table
 from checkpoint import QWEN_100M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -97,11 +98,28 @@ def main() -> None:
     print(markdown(record))
 
 
+WAYS = {
+    "memory": "in memory: the trainer's tensors by reference into vLLM's `reload_weights` (weights iterator)",
+    "file": "through a file, as before: written to the node's scratch, then reloaded",
+    "reload_from_folder": "vLLM reloading a committed folder (its own reload, no write)",
+    "host_memcpy": "host memcpy of the state dict's bytes",
+}
+"""How the table names each way of loading the state dict."""
+
+
 def markdown(record: dict) -> str:
-    lines = ["| way | seconds (median) | ÷ host memcpy |", "|---|---|---|"]
-    for name, value in record["seconds"].items():
-        lines.append(f"| {name} | {value:g} | {record['ratio_to_host_memcpy'][name]:g} |")
-    return "\n".join(lines)
+    """docs/BENCHMARKS.md's handoff table, rendered from bench/results/handoff.json when the site is built:
+    each way's median seconds and its ratio to a host memcpy (the hand-off's in bold)."""
+    rows = []
+    for name, seconds in record["seconds"].items():
+        ratio = f"{round(record['ratio_to_host_memcpy'][name], 1):g}"
+        shown = f"{seconds:.2f}" if seconds >= 0.1 else f"{seconds:.2g}"
+        rows.append([WAYS.get(name, name), shown, f"**{ratio}**" if name == "memory" else ratio])
+    head = (
+        recorded(record, "bench/results/handoff.json")
+        + f"; {record['model']}; medians of {record['repeats']}."
+    )
+    return "\n".join([head, "", *table(["way", "seconds", "÷ host memcpy"], rows)])
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ attempt records. `share_of_update` = the overhead of an update's six training st
 wall time. `prefect` is the inline runner with each stage a Prefect task run inside a flow run
 (flows/runner.py; needs PREFECT_API_URL, e.g. from infra/prefect/start.sh): its overhead minus inline's is
 what the task wrapper costs. Writes bench/results/orchestration.json (merging the entries of executors not
-run this time) and prints a markdown table.
+run this time) and prints its tables (`markdown`: docs/BENCHMARKS.md's, which the site renders from that
+file).
 
     .venv/bin/python bench/orchestration.py --executors inline prefect    # with a Prefect server
 
@@ -40,7 +41,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine
+from benchlib import machine, marked, recorded, table
 
 from probepo.config import ExecutionProfile, RunConfig, StageResources
 from probepo.presets import load_profile, load_run_config
@@ -230,14 +231,70 @@ def main() -> None:
             results["idle_wait"] = idle_wait(args.partition, args.idle_wait_s, Path(folder) / "idle")
             print(f"idle_wait: {results['idle_wait']}", flush=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print("| executor | overhead per stage (median, s) | max (s) | share of an update |\n|---|---|---|---|")
-    for executor in ("inline", "local", "slurm", "prefect"):
-        if executor in results:
-            r = results[executor]
-            print(
-                f"| {executor} | {r['seconds_per_stage']:.2f} | {r['seconds_per_stage_max']:.2f}"
-                f" | {100 * r['share_of_update']:.0f} % |"
-            )
+    print(markdown(results))
+
+
+EXECUTORS = {
+    "inline": "inline",
+    "local": "local (submitit LocalExecutor)",
+    "slurm": "slurm (sbatch, 1 CPU per stage)",
+    "prefect": "prefect (inline, each stage a Prefect task run in a flow run)",
+}
+"""The executors of the table, in its order, and how it names each."""
+
+
+def executors_table(results: dict[str, Any]) -> str:
+    """A job per stage: each executor's overhead per stage and its share of an update."""
+    rows = [
+        [
+            label,
+            f"{results[name]['seconds_per_stage']:.3g} s",
+            f"{results[name]['seconds_per_stage_max']:.3g} s",
+            f"{100 * results[name]['share_of_update']:.0f} %",
+        ]
+        for name, label in EXECUTORS.items()
+        if name in results
+    ]
+    header = ["executor", "overhead per stage (median)", "max", "share of an update"]
+    head = recorded(results, "bench/results/orchestration.json") + f"; {results['recipe']}."
+    if "load" in results:
+        head += f" Load: {results['load']}."
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def idle_wait_table(wait: dict[str, Any]) -> str:
+    """The `sacct` calls of an idle wait: measured in the window, by the schedule's arithmetic, and with
+    a fixed poll."""
+    window = wait["window_s"]
+    backoff = f"back-off {wait['poll_s']:g} s → {wait['poll_max_s']:g} s"
+    rows = [
+        [f"{backoff} (measured)", wait["sacct_calls_measured"], "—"],
+        [
+            f"{backoff} (the schedule's arithmetic)",
+            wait["sacct_calls_scheduled"],
+            f"**{wait['sacct_calls_per_hour']}** in the first hour, then {3600 / wait['poll_max_s']:.0f}",
+        ],
+        [
+            f"fixed `poll_s: {wait['poll_s']}` (before)",
+            f"{window / wait['poll_s']:.0f}",
+            f"{wait['sacct_calls_per_hour_fixed_poll_s']:,}",
+        ],
+    ]
+    header = ["polling", f"`sacct` calls in the {window:.0f} s window", "per hour of idle wait"]
+    head = f"`idle_wait`: {recorded(wait, 'bench/results/orchestration.json')}"
+    head += f"; growth ×{wait['growth']:g} per unchanged poll."
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/BENCHMARKS.md's orchestration tables, rendered from bench/results/orchestration.json when the
+    site is built: the executors', then the idle wait's."""
+    parts = []
+    if any(name in results for name in EXECUTORS):
+        parts.append(marked("executors", executors_table(results)))
+    if "idle_wait" in results:
+        parts.append(marked("idle-wait", idle_wait_table(results["idle_wait"])))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,8 @@ Measures, each over the whole state dict unless said:
 4. the digest it replaced: sha256 of the host copy (over the first `--sha-gb` GB);
 5. a host memcpy of the host copy into buffers allocated beforehand: the floor issue 44's in-memory hand-off
    is measured against.
-Writes bench/results/overhead_gpu.json (machine, GPU, date, command) and prints a markdown table.
+Writes bench/results/overhead_gpu.json (machine, GPU, date, command) and prints its markdown table
+(docs/BENCHMARKS.md's, which the site renders from that file).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import machine
+from benchlib import machine, recorded, table
 from torch import Tensor
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -160,25 +161,48 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
+ROWS = (
+    (
+        'device→host into new pageable memory (`.to("cpu")`: what a save and `weights()` do)',
+        "device_to_host_pageable",
+    ),
+    ("the same, again", "device_to_host_pageable_again"),
+    ("device→host into pinned buffers allocated beforehand", "device_to_host_pinned"),
+    ("the replay fingerprint on the device, one rank hashing all", "fingerprint_on_device"),
+    ("sha256 of the host copy (the digest the fingerprint replaced)", "sha256_on_host"),
+    ("host memcpy into touched buffers (issue 44's floor for a hand-off)", "host_memcpy"),
+)
+"""The table's rows: how it names each measurement, and the measurement's key."""
+STATED_AS = {"device_to_host_pageable": "device_to_host", "fingerprint_on_device": "device_hash"}
+"""The measurements that stand for a rate the spend model states (`stated_vs_measured`)."""
+
+
 def markdown(results: dict[str, Any]) -> str:
-    rows = [
-        ("device→host, new pageable memory (a save's copy)", "device_to_host_pageable"),
-        ("device→host, the same again", "device_to_host_pageable_again"),
-        ("device→host, pinned buffers kept", "device_to_host_pinned"),
-        ("fingerprint on the device (replay check)", "fingerprint_on_device"),
-        ("sha256 on the host (the digest it replaced)", "sha256_on_host"),
-        ("host memcpy into touched buffers", "host_memcpy"),
-    ]
-    lines = ["| measurement | GB | seconds | GB/s |", "|---|---|---|---|"]
-    for label, key in rows:
+    """docs/BENCHMARKS.md's table of the device rates, rendered from bench/results/overhead_gpu.json when
+    the site is built: each measurement, and the rate the spend model states where it stands for one."""
+    stated = results.get("stated_vs_measured", {})
+    rows = []
+    for label, key in ROWS:
         entry = results[key]
-        lines.append(
-            f"| {label} | {entry['bytes'] / GB:.2f} | {entry['seconds']:.3f} | {entry['gb_per_s']:g} |"
-        )
+        rate = f"{entry['gb_per_s']:#.3g}"
+        model = stated.get(STATED_AS.get(key, ""), {}).get("stated_gb_per_s")
+        if model is not None:
+            rate = f"**{rate}**"
+        model = "" if model is None else f"{model:g}"
+        rows.append([label, f"{entry['bytes'] / GB:.2f}", f"{entry['seconds']:.2f}", rate, model])
+    header = ["measurement", "GB", "seconds", "GB/s", "the model states"]
     same = results["fingerprint_same_on_cpu"]
+    lines = [*table(header, rows), ""]
     lines.append(
-        f"\nfingerprint on the device equals the CPU's over {same['bytes'] / GB:.2f} GB: {same['equal']}"
+        f"The fingerprint on the device {'equals' if same['equal'] else 'does not equal'} the CPU's over the"
+        f" first {same['bytes'] / GB:.2f} GB of tensors."
     )
+    if "machine" in results:
+        lines[:0] = [
+            recorded(results, "bench/results/overhead_gpu.json")
+            + f"; {results['model']}: {results['tensors']} tensors, {results['weights_bytes'] / GB:.1f} GB.",
+            "",
+        ]
     return "\n".join(lines)
 
 
@@ -208,7 +232,7 @@ def main() -> None:
     out = args.out or RESULTS / ("overhead_gpu_small.json" if args.small else "overhead_gpu.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=1) + "\n")
-    print(markdown(results))
+    print(markdown(record))
     print(f"\nwritten to {out}")
 
 

@@ -26,6 +26,8 @@ vLLM's share of each GPU, on paper (`--models shares`, about a minute of CPU, no
 plan on the H200 roofline, with vLLM's fixed split (model.vllm_memory 0.35) against its time-shared share
 (asleep while the trainer works): KV tokens per rank, rows decoding per step, preemptions, busy fractions
 and makespans (ranks_model.vllm_shares).
+
+`markdown` renders ranks.json as docs/BENCHMARKS.md's tables (the site renders them from that file).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from benchlib import machine
+from benchlib import machine, marked, recorded, table
 from ranks_model import (
     LENGTHS,
     busy_fractions,
@@ -254,6 +256,162 @@ def main() -> None:
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+MODELS = {
+    "testbed": ("testbed (cpu-demo's model, 512 prompts × 8)", "testbed"),
+    "tiny_qwen2": ("tiny Qwen2, Hugging Face engine (64 prompts × 4, ≤ 48 tokens)", "tiny Qwen2"),
+}
+"""The measured models (`testbed_config`, `qwen_config`), in the tables' order, and how each table names
+them: in full, and short."""
+SOURCE = "bench/results/ranks.json"
+
+
+def measured_table(results: dict[str, Any]) -> str:
+    """Tokens per second of the sample stage on 1 and 2 ranks, per measured model."""
+    rows = []
+    for name, (label, _) in MODELS.items():
+        if name in results:
+            entry, speed = results[name], results[name]["tokens_per_s"]
+            rows.append(
+                [
+                    label,
+                    f"{entry['tokens']:,}",
+                    entry["chunks"],
+                    f"{speed['1_ranks']:,.0f} tokens/s",
+                    f"{speed['2_ranks']:,.0f} tokens/s",
+                    f"**{entry['ratio']:.2f}**",
+                    f"{entry['decode_ratio']:.2f}",
+                    "yes" if entry["bitwise_equal"] else "**no**",
+                ]
+            )
+    header = ["model", "tokens", "chunks", "1 rank", "2 ranks", "ratio (goal ≥ 1.7)", "decoding alone, ratio"]
+    return "\n".join([recorded(results, SOURCE), "", *table([*header, "bitwise equal"], rows)])
+
+
+def busy_table(results: dict[str, Any]) -> str:
+    """The busy fractions of claiming and of a static split, replayed on the 1-rank runs' chunk times."""
+    rows = []
+    for name, (_, short) in MODELS.items():
+        if name in results:
+            busy = results[name]["busy_fraction"]
+            cells = []
+            for ranks in ("2_ranks", "8_ranks"):
+                claiming, static = busy[ranks]["claiming"], busy[ranks]["static"]
+                pair = [f"{claiming:.3f}", f"{static:.3f}"]
+                if ranks == "8_ranks" and claiming != static:  # the better of the two at 8 ranks
+                    best = 0 if claiming > static else 1
+                    pair[best] = f"**{pair[best]}**"
+                cells += pair
+            rows.append([f"{short}, {results[name]['chunks']} chunks", *cells])
+    header = ["model", "2 ranks, claiming", "2 ranks, static", "8 ranks, claiming", "8 ranks, static"]
+    return "\n".join(table(header, rows))
+
+
+def _recipes(found: dict[str, Any]) -> dict[str, Any]:
+    return {
+        name: entry for name, entry in found.items() if isinstance(entry, dict) and "h200_roofline" in entry
+    }
+
+
+def _plan(entry: dict[str, Any]) -> str:
+    """A plan's calls × rows per call, its lowest rank's median (worst) and its median makespan."""
+    return (
+        f"{entry['calls']} × {entry['rows'] // entry['calls']}: {entry['lowest_rank_median']:.2f}"
+        f" ({entry['lowest_rank_worst']:.2f}), {entry['makespan_s']:.1f} s"
+    )
+
+
+def recipes_table(found: dict[str, Any]) -> str:
+    """The study recipes on 8 ranks on the H200 roofline: before, the recipe's own plan (after), and more
+    calls; a plan that is the recipe's own again (as many calls) says so."""
+    rows = []
+    for name, entry in _recipes(found).items():
+        roofline = entry["h200_roofline"]
+        for stage in ("sample", "probe"):
+            after = roofline[f"{stage}_after"]
+            cells = [_plan(roofline[f"{stage}_before"])]
+            cells.append(
+                f"{after['calls']} × {after['rows'] // after['calls']}: **{after['lowest_rank_median']:.2f}**"
+                f" ({after['lowest_rank_worst']:.2f}), **{after['makespan_s']:.1f} s**"
+            )
+            for more in ("16_calls", "40_calls"):
+                plan = roofline[f"{stage}_{more}"]
+                same = plan["calls"] == after["calls"]
+                cells.append(f"({plan['calls']} calls: as after)" if same else _plan(plan))
+            rows.append([name, stage, *cells])
+    header = ["recipe", "stage", "before", "after: the recipe's own plan", "16 calls", "40 calls"]
+    head = f"`recipes`: {recorded(found, SOURCE)}; {found['draws']} updates drawn per recipe."
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def streamed_table(found: dict[str, Any]) -> str:
+    """The recipe's plan against streamed chunks and the longest row decoded alone (H200 roofline)."""
+    rows = []
+    for name, entry in _recipes(found).items():
+        roofline = entry["h200_roofline"]
+        for stage in ("sample", "probe"):
+            cells = []
+            for plan in ("after", "streamed_16", "streamed_8"):
+                figures = roofline[f"{stage}_{plan}"]
+                cells.append(f"{figures['lowest_rank_median']:.2f}, {figures['makespan_s']:.1f} s")
+            rows.append([name, stage, *cells, f"{roofline[f'{stage}_longest_row_s']:.1f} s"])
+    streamed = next(iter(_recipes(found).values()))["h200_roofline"]
+    header = ["recipe", "stage", "after"]
+    for plan in ("streamed_16", "streamed_8"):
+        header.append(
+            f"streamed {streamed[f'probe_{plan}']['batch_rows']} / {streamed[f'probe_{plan}']['keep_rows']}"
+        )
+    return "\n".join(table([*header, "longest row alone"], rows))
+
+
+def shares_table(found: dict[str, Any]) -> str:
+    """vLLM's fixed split against its time-shared share of each GPU, per recipe (H200 roofline)."""
+
+    def stage(figures: dict[str, Any]) -> str:
+        return (
+            f"{figures['concurrency']:.1f}, {figures['preemptions']:g},"
+            f" {figures['peak_kv_tokens'] / 1000:.1f} K, {figures['lowest_rank_median']:.2f},"
+            f" **{figures['makespan_s']:.1f} s**"
+        )
+
+    rows = []
+    for name, entry in found.items():
+        if not isinstance(entry, dict):
+            continue
+        for share, label in (("fixed_split", "fixed"), ("time_shared", "time-shared")):
+            figures = entry[share]
+            rows.append(
+                [
+                    name,
+                    f"{label} {figures['vllm_memory']:g}",
+                    f"{figures['kv_tokens_per_rank']:,}",
+                    stage(figures["sample"]),
+                    stage(figures["probe"]),
+                ]
+            )
+    measures = "concurrency, preemptions, peak, lowest rank, time"
+    header = ["recipe", "vLLM share", "KV tokens per rank", f"sample: {measures}", f"probe: {measures}"]
+    head = f"`vllm_shares`: {recorded(found, SOURCE)}; {found['draws']} updates drawn per recipe."
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/BENCHMARKS.md's ranks tables, rendered from bench/results/ranks.json when the site is built:
+    the measured models, claiming against a static split, the recipes on paper, streamed chunks, and vLLM's
+    share of the GPU."""
+    parts = []
+    if any(name in results for name in MODELS):
+        parts += [marked("measured", measured_table(results)), marked("busy", busy_table(results))]
+    if "recipes" in results:
+        parts += [
+            marked("recipes", recipes_table(results["recipes"])),
+            marked("streamed", streamed_table(results["recipes"])),
+        ]
+    if "vllm_shares" in results:
+        parts.append(marked("shares", shares_table(results["vllm_shares"])))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

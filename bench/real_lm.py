@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from benchlib import machine
+from benchlib import machine, recorded
 
 from probepo.methods import METHODS
 from probepo.presets import load_run_config
@@ -126,7 +126,9 @@ def markdown(results: dict[str, Any]) -> str:
         row("s per evaluation", lambda a: a["seconds_per_evaluation"]),
         row("wall (s)", lambda a: a["wall_s"]),
     ]
-    return head + "".join(lines)
+    ran = recorded(results, "bench/results/real_lm.json")
+    ran += f"; {results['preset']}, {results['torch_threads']} torch threads.\n\n"
+    return ran + head + "".join(lines)
 
 
 def main() -> None:

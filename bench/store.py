@@ -10,7 +10,8 @@
 The endpoint is moto's S3 server on loopback (started here; tests/s3server.py), or with `--endpoint rgw`
 Ceph's RADOS Gateway that infra/s3/ceph/start.sh started (its PROBEPO_TEST_RGW_* variables in the
 environment). Writes bench/results/store.json: moto's figures at the top level, RGW's in its `rgw`
-section; a run replaces its own and keeps the other's.
+section; a run replaces its own and keeps the other's. `markdown` renders the file as docs/BENCHMARKS.md's
+tables (the site renders them from it).
 Usage: .venv/bin/python bench/store.py [--endpoint moto|rgw] [--small N] [--big-mib N]
 """
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(REPO))
 
 import boto3  # noqa: E402
 import botocore  # noqa: E402
-from benchlib import machine  # noqa: E402
+from benchlib import machine, marked, recorded, table  # noqa: E402
 
 from probepo.store import open_store  # noqa: E402
 from probepo.store.store import UPLOAD_WORKERS  # noqa: E402
@@ -237,13 +238,79 @@ def main() -> None:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "command": "python " + " ".join(["bench/store.py", *sys.argv[1:]]),
     }
-    recorded = json.loads(args.out.read_text()) if args.out.exists() else {}
+    kept = json.loads(args.out.read_text()) if args.out.exists() else {}
     if args.endpoint == "rgw":
-        recorded["rgw"] = result
+        kept["rgw"] = result
     else:
-        recorded = {**result, **({"rgw": recorded["rgw"]} if "rgw" in recorded else {})}
-    args.out.write_text(json.dumps(recorded, indent=2) + "\n")
+        kept = {**result, **({"rgw": kept["rgw"]} if "rgw" in kept else {})}
+    args.out.write_text(json.dumps(kept, indent=2) + "\n")
     print(json.dumps({k: v for k, v in result.items() if k != "details"}, indent=2))
+    print(markdown(kept))
+
+
+def endpoint_table(result: dict) -> str:
+    """One endpoint's table: ours against plain boto3, as measured in one run."""
+    big, small = result["details"]["big_file"], result["details"]["small_objects"]
+    latency = result["details"]["commit_latency"]
+    seconds, rate = big["seconds_best"], big["mib_per_s"]
+    size = f"{big['size_bytes'] / 2**30:g} GiB"
+
+    def transfer(who: str) -> str:
+        return f"{seconds[who]:.1f} s, {rate[who]:.3g} MiB/s"
+
+    def objects(who: str) -> str:
+        total = small["seconds"][f"{who}_up"] + small["seconds"][f"{who}_down"]
+        per_s = small["objects_per_s"]
+        return f"{total:.0f} s ({per_s[f'{who}_up']:.0f} up / {per_s[f'{who}_down']:.0f} down objects/s)"
+
+    rows = [
+        [
+            f"upload {size} (`commit_stage` with sha256 vs `upload_file`)",
+            transfer("ours_up"),
+            transfer("boto_up"),
+            f"**{big['upload_ratio']:.2f}**",
+        ],
+        [
+            f"download {size} (`download_stage_file`, verified, vs `download_file`)",
+            transfer("ours_down"),
+            transfer("boto_down"),
+            f"{big['download_ratio']:.2f}",
+        ],
+        [
+            f"{small['count']:,} × {small['object_bytes'] / 1024:g} KiB objects, up + down"
+            " (one `commit_stage` + `read_stage().prefetch()` vs `upload_file`/`download_file` per object,"
+            f" {small['threads']} threads each)",
+            objects("ours"),
+            objects("boto"),
+            f"{small['ratio']:.2f}",
+        ],
+        [
+            "commit latency: empty stage (HEAD + create-only marker PUT), median / p90 of"
+            f" {latency['trials']}",
+            f"{latency['commit_empty_stage_ms_median']:.1f} / {latency['commit_empty_stage_ms_p90']:.1f} ms",
+            "–",
+            "–",
+        ],
+        [
+            "bare create-only marker PUT (`If-None-Match: *`), median",
+            f"{latency['marker_put_if_absent_ms_median']:.1f} ms",
+            "–",
+            "–",
+        ],
+    ]
+    versions = ", ".join(f"{name} {version}" for name, version in result.get("versions", {}).items())
+    head = recorded(result, "bench/results/store.json") + f"; endpoint: {result['endpoint']}; {versions}."
+    header = ["measurement", "ours", "plain boto3", "ratio (target ≥ 0.9)"]
+    return "\n".join([head, "", *table(header, rows)])
+
+
+def markdown(results: dict) -> str:
+    """docs/BENCHMARKS.md's store tables, rendered from bench/results/store.json when the site is built:
+    moto's (the top level), then RGW's (its `rgw` section)."""
+    parts = [marked("moto", endpoint_table(results))]
+    if "rgw" in results:
+        parts.append(marked("rgw", endpoint_table(results["rgw"])))
+    return "\n\n".join(parts)
 
 
 if __name__ == "__main__":

@@ -31,12 +31,34 @@ SCREENSHOTS = Path(os.environ.get("PROBEPO_TEST_SCREENSHOTS", ROOT / "out" / "ui
 """Where tests/flows/test_ui.py saves its screenshots (the same variable and default)."""
 
 BENCH_TABLES: dict[str, tuple[str, str | None]] = {
+    "algo": ("algo", None),
+    "checkpoint": ("checkpoint", None),
+    "demo": ("demo", None),
+    "gpu_check": ("gpu_check", None),
+    "handoff": ("handoff", None),
+    "orchestration": ("orchestration", None),
     "overhead": ("overhead", None),
+    "overhead_gpu": ("overhead_gpu", None),
+    "ranks": ("ranks", None),
     "real_lm": ("real_lm", None),
+    "sampler": ("sampler", None),
+    "scale": ("scale", None),
     "science": ("science_output", "testbeds"),
+    "store": ("store", None),
 }
 """bench/results/<name>.json → the bench module whose `markdown` renders it, and the key of the part it
-renders (None: the whole file), as the bench itself calls it."""
+renders (None: the whole file), as the bench itself calls it. docs/BENCHMARKS.md includes each as
+reference/tables/<name>.md; where prose stands between a file's tables, the bench's `markdown` marks each
+(benchlib.marked) and the page takes one at a time (`:start-after:` / `:end-before:`)."""
+
+UNTABLED: dict[str, str] = {
+    "science-before-48": "the science bench's arms before issue 48 reran them: out of every table, kept as"
+    " measured (docs/BENCHMARKS.md names it)",
+    "science-prefix-f30d05b": "the science bench before the engine fixes: docs/science/prefix-f30d05b.md",
+    "gpu_gate": "written only on a GPU (bench/gpu_gate.py): no table yet",
+}
+"""bench/results/<name>.json that no generated table renders, and why (tests/docs/ holds every other
+results file to its table in the site)."""
 
 
 def recipe_page() -> str:

@@ -60,8 +60,10 @@ def matches_committed(engine: TrainerEngine, summary: Mapping[str, Any]) -> bool
 def restore_trainer(ctx: StageContext, full: int) -> TrainerEngine:
     """Policy k with its optimizer state from the store: full checkpoint c < k (`full`, the latest, as
     `location.locate` found it: policy k's own, when full, is loaded as it is), then the optimize stages of
-    updates c .. k - 1 replayed. The attempt records `replayed_updates`, `replay_s` and, if any,
-    `replay_diverged`: the updates whose replay did not reproduce the committed weights."""
+    updates c .. k - 1 replayed. The attempt records `replayed_updates`, `replay_s`,
+    `replay_expected_to_match` (true under `determinism: bitwise`; under `fast` replays are checked, not
+    expected to match) and, if any, `replay_diverged`: the updates whose replay did not reproduce the
+    committed weights."""
     engine = load_trainer(ctx.config, fetch_policy(at_update(ctx, full)))
     started = time.perf_counter()
     log.info(
@@ -73,7 +75,9 @@ def restore_trainer(ctx: StageContext, full: int) -> TrainerEngine:
     )
     diverged = [u for u in range(full, ctx.update) if not replay_optimize(at_update(ctx, u), engine)]
     ctx.attempt_notes.update(
-        replayed_updates=ctx.update - full, replay_s=round(time.perf_counter() - started, 3)
+        replayed_updates=ctx.update - full,
+        replay_s=round(time.perf_counter() - started, 3),
+        replay_expected_to_match=ctx.config.determinism == "bitwise",
     )
     if diverged:
         # Not fatal: the run goes on from a valid policy, but no longer bitwise the uninterrupted one.

@@ -1,8 +1,11 @@
 """The README's commands and the site's guides, followed as written. The "Your first `train`" block runs
 here, from a folder laid out like the repository root (the venv and the presets), and does what the
-section says; every other `probepo` command of a bash block (a cluster's, which cannot run here) is parsed
-against the CLI's own options (click's parser from `typer.main.get_command`, without running it), and
-every script a block runs with `bash` exists."""
+section says; every other `probepo` command of a bash block (a cluster's, which cannot run here, and the
+quick start's list of commands on runs it names but never makes) is parsed against the CLI's own options
+(click's parser from `typer.main.get_command`, without running it), and every script a block runs with
+`bash` exists. The README's other runnable blocks run elsewhere: `bash scripts/demo` in
+tests/cli/test_first_hour.py (on a tiny preset), `bash scripts/test` is `.ci/run` itself, and the Prefect
+block's `infra/prefect/deploy.sh` deploys the flows the tests/flows tests launch."""
 
 from __future__ import annotations
 

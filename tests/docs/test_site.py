@@ -1,13 +1,14 @@
 """The documentation site, built as `bash scripts/docs --build-only` builds it, with warnings as errors (a
 broken cross-reference, a missing page or a bad directive fails the build), and what its generated pages
 must hold: every field of a recipe, an execution profile, a site file and a checkpoint selection with its
-docstring, every command and option of the CLI's own parser, every row of the benchmark tables of
-bench/results/, and the UI tests' latest screenshots. The README's links lead to files of the repository.
-About 15 s on one core."""
+docstring, every command and option of the CLI's own parser, every row of the benchmark tables of every
+bench/results/*.json, and the UI tests' latest screenshots. The README's links lead to files of the
+repository. About 20 s on one core."""
 
 from __future__ import annotations
 
 import html
+import importlib
 import json
 import os
 import re
@@ -171,27 +172,41 @@ def test_every_command_and_option_is_in_the_cli_reference(site):
             assert _plain(parameter.help or "") in section, f"{name}: the help of {parameter.name} missing"
 
 
-def test_every_row_of_the_benchmark_tables_is_in_the_site(site, monkeypatch):
-    monkeypatch.syspath_prepend(str(ROOT / "bench"))  # each bench's own `markdown` renders its tables
-    import overhead
-    import real_lm
-    import science_output
+def _table_rows(markdown: str) -> list[str]:
+    """A markdown text's table rows (not the separator lines) as the page shows them: each cell's text."""
+    rows = [line for line in markdown.splitlines() if line.startswith("| ") and not line.startswith("|---")]
+    return [" ".join(_plain(cell) for cell in row.strip("| ").split(" | ")) for row in rows]
 
-    results = {name: json.loads((ROOT / "bench" / "results" / f"{name}.json").read_text()) for name in
-               ("overhead", "real_lm", "science")}  # fmt: skip
-    tables = "\n".join(
-        [
-            overhead.markdown(results["overhead"]),
-            real_lm.markdown(results["real_lm"]),
-            science_output.markdown(results["science"]["testbeds"]),
-        ]
+
+def test_every_results_file_has_its_tables_in_the_site(site, monkeypatch):
+    """Every bench/results/*.json is rendered by its bench's own `markdown` into docs/BENCHMARKS.md when the
+    site is built (docs/_ext/probepo_reference.py's BENCH_TABLES), every row of it, or is one the page
+    names without a table (UNTABLED); a new results file fails here until it has its table."""
+    for folder in (ROOT / "bench", ROOT / "docs" / "_ext"):
+        monkeypatch.syspath_prepend(str(folder))
+    import probepo_reference
+
+    results = ROOT / "bench" / "results"
+    names = {path.stem for path in results.glob("*.json")}
+    tabled = set(probepo_reference.BENCH_TABLES)
+    assert not tabled - names, f"tables of results files that do not exist: {sorted(tabled - names)}"
+    assert not names - tabled - set(probepo_reference.UNTABLED), (
+        f"results files with no table in the site: {sorted(names - tabled - set(probepo_reference.UNTABLED))}"
     )
-    rows = [line for line in tables.splitlines() if line.startswith("| ") and not line.startswith("|---")]
     text = _page(site, "BENCHMARKS.html").text.replace("*", "")
-    assert len(rows) > 40
-    shown = [" ".join(_plain(cell) for cell in row.strip("| ").split(" | ")) for row in rows]
-    missing = [row for row in shown if row not in text]
-    assert not missing, f"benchmark rows the site lacks: {missing[:3]}"
+    shown = 0
+    for name in sorted(tabled):
+        module, key = probepo_reference.BENCH_TABLES[name]
+        recorded = json.loads((results / f"{name}.json").read_text())
+        rows = _table_rows(importlib.import_module(module).markdown(recorded[key] if key else recorded))
+        assert rows, f"{name}: its bench's `markdown` renders no table"
+        missing = [row for row in rows if row not in text]
+        assert not missing, f"rows of {name}.json the site lacks: {missing[:3]}"
+        shown += len(rows)
+    assert shown > 150
+    pages = " ".join(_page(site, str(page.relative_to(site))).text for page in site.rglob("*.html"))
+    unnamed = [name for name in names - tabled if f"bench/results/{name}.json" not in pages]
+    assert not unnamed, f"results files without a table that no page names: {unnamed}"
 
 
 def test_the_site_shows_the_ui_tests_latest_screenshots(site, screenshots):

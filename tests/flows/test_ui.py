@@ -192,6 +192,9 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     assert "The policy: a Hugging Face causal language model, from its pretrained weights" in shown
     assert "testbed GPT" not in shown and "<benchmarks_root>/math_train/train.jsonl" in shown
     browser.save_screenshot(str(SHOTS / "train-run-form-7b.png"))
+    model_group = browser.find_element(By.XPATH, "//*[contains(text(), 'Hugging Face causal language')]")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'start'})", model_group)
+    browser.save_screenshot(str(SHOTS / "train-run-form-7b-model.png"))
 
 
 def test_a_run_shows_its_percent_and_curves_while_it_trains_and_its_cancelled_jobs_after_a_cancel(

@@ -2,7 +2,8 @@
 made before it; `bitwise` sets the process up on CUDA (torch's deterministic algorithms, cuBLAS's fixed
 workspace, vLLM's batch-invariant mode) and `fast` does not; under `fast` a replay that does not reproduce
 its weights is recorded, not fatal and not a warning, and `store ls` says that such replays are checked but
-not expected to match. (The GPU itself: bench/gpu_gate.py.)"""
+not expected to match, as the attempt's record does (`replay_expected_to_match`). (The GPU itself:
+bench/gpu_gate.py.)"""
 
 from __future__ import annotations
 
@@ -112,11 +113,14 @@ def test_bitwise_with_vllm_installs_its_batch_invariant_mode_once_before_any_eng
     assert seen == ["1"]  # the variable set before vLLM reads it, the kernels installed once
 
 
-def test_under_fast_a_replay_that_does_not_match_is_recorded_and_store_ls_says_it_was_not_expected(
-    warm_store, monkeypatch, caplog
+@pytest.mark.parametrize("setting", ["bitwise", "fast"])
+def test_a_replay_that_does_not_match_is_recorded_with_whether_it_was_expected_to(
+    setting, warm_store, monkeypatch, caplog
 ):
-    run_id = "fast-diverged"
-    config = tiny_config(num_updates=3, checkpoint_every=3, determinism="fast")  # policies 1, 2 in memory
+    """Under `fast` it is logged, not warned of, and `store ls` says it was not expected; under `bitwise` it
+    is warned of. Either way the attempt records `replay_expected_to_match`, the run record's word."""
+    run_id = f"{setting}-diverged"
+    config = tiny_config(num_updates=3, checkpoint_every=3, determinism=setting)  # policies 1, 2 in memory
     monkeypatch.setenv(STOP_ENV, "2:score:before-commit")  # USR2 there: the driver stops after the commit
     with pytest.raises(Preempted):
         train(config, run_id, store=warm_store)
@@ -127,14 +131,21 @@ def test_under_fast_a_replay_that_does_not_match_is_recorded_and_store_ls_says_i
     marker.write_text(json.dumps(record))
     with caplog.at_level(logging.INFO, logger="probepo.stages.replay"):
         train(config, run_id, store=warm_store)  # a fresh runner: policy 2 is rebuilt by replay
-    [replay] = [a for a in warm_store.attempts(run_id) if a.get("replayed_updates")]
+    [replay] = [a for a in warm_store.attempts(run_id) if a.get("replayed_updates")]  # read back from JSON
     assert replay["replayed_updates"] == 2 and replay["replay_diverged"] == [1]
-    assert "as `determinism: fast` allows" in caplog.text
-    assert not [
-        r for r in caplog.records if r.name == "probepo.stages.replay" and r.levelno >= logging.WARNING
-    ]
+    assert replay["replay_expected_to_match"] is (setting == "bitwise")
+    warned = [r for r in caplog.records if r.name == "probepo.stages.replay" and r.levelno >= logging.WARNING]
     summary = Ledger(warm_store, run_id).summary()
-    assert "  determinism: fast (replays are checked but not expected to match)" in summary
+    if setting == "fast":
+        assert "as `determinism: fast` allows" in caplog.text and not warned
+        assert "  determinism: fast (replays are checked but not expected to match)" in summary
+    else:
+        assert [r.getMessage() for r in warned] == [
+            f"run {run_id}: replaying optimize of updates [1] did not reproduce the weights they committed"
+            " (another device, dtype or thread count than the run, e.g. OMP_NUM_THREADS); the run goes on,"
+            " no longer bitwise equal to an uninterrupted one"
+        ]
+        assert "  determinism: bitwise (a replay must reproduce the weights it committed)" in summary
     assert (
         "  replays: 2 optimize stage(s) replayed and checked, updates 1 did not (replay_diverged)" in summary
     )
