@@ -1,7 +1,7 @@
 """What an update moves and how long that takes: counted on a model whose bytes dominate, then extrapolated
 to the study's three recipes on 8×H200.
 
-    .venv/bin/python bench/overhead.py --label before     # ≈ 10 min on 2 idle cores; writes one label's rows
+    .venv/bin/python bench/overhead.py --label after-67   # ≈ 10 min on 2 idle cores; writes one label's rows
 
 The run: the resident executor's driver job (slurm/job.py `run_driver_job`, through DriverJobRunner) on
 submitit's local executor with 2 tasks, the ranks in lockstep on gloo; a random-init Qwen2 of 100.4 M
@@ -10,7 +10,10 @@ by DeepSpeed ZeRO-2 over both ranks, generating with the Hugging Face engine; Pr
 2 prompts × 4 responses (4 mini-batches of 2), `checkpoint_every` 3, evaluating every 3. What each update
 spent is read back from the store (the metrics the driver summed from every attempt's counters: rank 0's,
 which records them; every rank moves as much, the shared disk and store aside) and split into the start
-(update 0: checkpoint 0 fetched), plain updates and checkpoint updates.
+(update 0: checkpoint 0 fetched), plain updates, checkpoint updates and the run's last checkpoint update.
+Those metrics are what an update waited for; a checkpoint's upload beside the next updates (since issue
+67: all but the run's last, committed inside its optimize) is read from its own attempt record (stage
+`checkpoint` of update k + 1, marked `beside`) into the row's `beside`.
 
 Extrapolation (probepo/spend/model.py, the model `probepo check` prints): first the model is run at this
 model's own sizes (read from the committed checkpoint's files) and compared with the counted bytes, kind
@@ -22,7 +25,9 @@ vLLM's hand-off in memory (in its rank's process) — and its bytes turned into 
 measured), and again at a modest site's (`MODEST_SITE`: one scratch drive, 8 Gb/s to S3), and, once
 bench/overhead_gpu.py has run on a lent GPU, at the stated rates with its measured device ones
 (`at_7b_h200_rates`). The counted seconds of this CPU run are kept beside, not scaled: the hardware
-differs in every rate. Writes the label into bench/results/overhead.json (the other labels kept).
+differs in every rate. Each 7B row gives the seconds per update amortised by piece, and split into what
+the updates wait for (`blocking_s`) and what runs beside them (`beside_s`: the checkpoint's upload).
+Writes the label into bench/results/overhead.json (the other labels kept).
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchlib import machine, median_seconds
+from benchlib import machine, median_seconds, when
 from checkpoint import QWEN_100M
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,7 +54,7 @@ from probepo.checks.spend import recipe_shape  # noqa: E402
 from probepo.config import ExecutionProfile, RunConfig, StageResources  # noqa: E402
 from probepo.presets import load_profile, load_run_config  # noqa: E402
 from probepo.run.pipeline import train  # noqa: E402
-from probepo.spend import BYTE_KINDS, PIECES  # noqa: E402
+from probepo.spend import BYTE_KINDS, PIECES, summed  # noqa: E402
 from probepo.spend.model import STATED, Estimate, UpdateShape, estimate  # noqa: E402
 from probepo.store import ArtifactStore, open_store  # noqa: E402
 from slurm.executors import executor_for  # noqa: E402
@@ -77,14 +82,16 @@ GPU_RATES = ROOT / "bench" / "results" / "overhead_gpu.json"
 
 
 def measured_device_rates() -> tuple[Any, dict[str, Any]] | None:
-    """The stated rates with the two device ones (device→host into new pageable memory, the fingerprint)
-    as measured on a lent H200, and where they were measured; None if no GPU run is recorded."""
+    """The stated rates with the three device ones (device→host into new pageable memory and into a pinned
+    buffer kept, the fingerprint) as measured on a lent H200, and where they were measured; None if no GPU
+    run is recorded."""
     if not GPU_RATES.exists():
         return None
     rates = json.loads(GPU_RATES.read_text())
     site = replace(
         STATED,
         device_to_host=rates["device_to_host_pageable"]["gb_per_s"],
+        device_to_pinned=rates["device_to_host_pinned"]["gb_per_s"],
         device_hash=rates["fingerprint_on_device"]["gb_per_s"],
     )
     return site, {"machine": rates["machine"], "date": rates["date"], "command": rates["command"]}
@@ -92,6 +99,8 @@ def measured_device_rates() -> tuple[Any, dict[str, Any]] | None:
 
 STUDY_UPDATE_S = 104.0
 """The study's whole update at 7B: 231 H200-hours over 1,000 updates on 8 GPUs."""
+STATE_PIECES = ("handoff", "digest", "save", "commit", "download", "load", "store_wait", "checkpoint_wait")
+"""The pieces of an update's seconds that are state movement (and its waits), not its work."""
 
 
 def build_model(folder: Path) -> None:
@@ -179,6 +188,32 @@ def counted(metrics: list[dict[str, Any]], updates: list[int]) -> dict[str, Any]
     }
 
 
+def beside(store: ArtifactStore, updates: list[int]) -> dict[str, Any]:
+    """The mean over `updates` of what their checkpoints' uploads spent beside the next updates: the
+    `beside` attempt records of stage `checkpoint` at update k + 1 (rank 0's counters)."""
+    found = [
+        summed(a for a in store.attempts(RUN, update + 1, "checkpoint") if a.get("beside"))
+        for update in updates
+    ]
+    kinds = sorted({kind for spent in found for kind in spent["bytes"]})
+    pieces = sorted({piece for spent in found for piece in spent["seconds"]})
+    return {
+        "bytes": {k: statistics.mean(spent["bytes"].get(k, 0) for spent in found) for k in kinds},
+        "seconds": {
+            p: round(statistics.mean(spent["seconds"].get(p, 0.0) for spent in found), 3) for p in pieces
+        },
+    }
+
+
+def state_seconds(row: dict[str, Any]) -> dict[str, float]:
+    """A counted row's state seconds: what its updates waited for, and what ran beside them."""
+    blocking = sum(row["seconds"].get(piece, 0.0) for piece in STATE_PIECES)
+    return {
+        "blocking_state_s": round(blocking, 3),
+        "beside_s": round(sum(row.get("beside", {}).get("seconds", {}).values()), 3),
+    }
+
+
 def study_shape(name: str, parameters: int, tied: int) -> UpdateShape:
     """A study recipe under the resident executor on the h200-node profile (8 ranks, one node), as `probepo
     check` sees it."""
@@ -201,6 +236,13 @@ def at_7b(bandwidths: Any) -> dict[str, Any]:
             "amortised_seconds": _rounded(found.amortised_seconds()),
             "total_s": round(found.total_s, 1),
             "of_study_update": round(found.total_s / STUDY_UPDATE_S, 3),
+            "blocking_amortised_seconds": _rounded(found.amortised_seconds(beside=False)),
+            "beside_amortised_seconds": _rounded(found.amortised_seconds(beside=True)),
+            "blocking_s": round(found.blocking_s, 2),
+            "beside_s": round(found.beside_s, 2),
+            "checkpoint_blocking_s": round(found.checkpoint.blocking_s, 2),
+            "checkpoint_beside_s": round(found.checkpoint.beside_s, 2),
+            "checkpoint_wait_s_at_study_update": round(found.checkpoint_wait_s(STUDY_UPDATE_S), 2),
         }
     return rows
 
@@ -216,11 +258,12 @@ def measure(label: str) -> dict[str, Any]:
         store, config = run(work)
         metrics = store.read_metrics(RUN)
         full = [u for u, stages in store.ledger_entries(RUN).items() if "checkpoint" in stages and u > 0]
-        checkpoint_updates = [u - 1 for u in full]
-        plain = [u for u in range(1, UPDATES) if u not in checkpoint_updates]
+        checkpoint_updates = [u - 1 for u in full if u < UPDATES]  # uploaded beside the next updates
+        plain = [u for u in range(1, UPDATES) if u + 1 not in full]
         # QWEN_100M ties its LM head to the float32 embedding
         tied = QWEN_100M["vocab_size"] * QWEN_100M["hidden_size"] * 4
         sizes = committed_sizes(store, RUN, UPDATES, work / "sizes", tied=tied)
+        uploaded = beside(store, checkpoint_updates)
     shape = UpdateShape(
         sizes,
         ranks=RANKS,
@@ -232,16 +275,28 @@ def measure(label: str) -> dict[str, Any]:
     rows = {
         "start": counted(metrics, [0]),
         "plain": counted(metrics, plain),
-        "checkpoint": counted(metrics, checkpoint_updates),
+        "checkpoint": counted(metrics, checkpoint_updates) | {"beside": uploaded},
+        "last checkpoint": counted(metrics, [UPDATES - 1]),
     }
     found = estimate(shape)
-    for kind, predicted in (("plain", found.plain.bytes), ("checkpoint", found.checkpoint.bytes)):
+    predictions = (
+        ("plain", found.plain.bytes),
+        ("checkpoint", found.checkpoint.blocking_bytes),
+        ("last checkpoint", found.checkpoint.bytes),  # committed inside its optimize
+    )
+    for kind, predicted in predictions:
         rows[kind]["model_vs_counted"] = {
             k: round(rows[kind][f"{k}_bytes"] / v, 4) for k, v in predicted.items() if k != "downloaded" and v
         }
-    rows["checkpoint"]["uploaded_per_checkpoint"] = round(
-        rows["checkpoint"]["uploaded_bytes"] / sizes.checkpoint, 3
-    )
+    rows["checkpoint"]["beside_model_vs_counted"] = {
+        k: round(uploaded["bytes"].get(k, 0) / v, 4) for k, v in found.checkpoint.beside_bytes.items()
+    }
+    for kind in ("checkpoint", "last checkpoint"):
+        row = rows[kind]
+        total = row["uploaded_bytes"] + row.get("beside", {}).get("bytes", {}).get("uploaded", 0)
+        row["uploaded_per_checkpoint"] = round(total / sizes.checkpoint, 3)
+    for row in rows.values():
+        row |= state_seconds(row)
     bandwidths = STATED
     return {
         "label": label,
@@ -278,28 +333,38 @@ def _at_h200_rates() -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    """docs/BENCHMARKS.md's tables: what each label counted per update, and its 7B extrapolation."""
+    """docs/BENCHMARKS.md's tables (the site renders them from bench/results/overhead.json): how each label
+    was recorded, what it counted per update (and beside the updates), and its 7B extrapolation, blocking
+    and beside. A label from before issue 67 split nothing: every second of it blocked its update."""
     kinds = [f"{kind}_bytes" for kind in BYTE_KINDS]
-    lines = [
+    lines = ["| label | recorded by | date | machine |", "|---|---|---|---|"]
+    lines += [
+        f"| {label} | `{result['command']}` | {when(result['date'])} | {result['machine']} |"
+        for label, result in results.items()
+    ]
+    lines += [
+        "",
         "| label | update | "
         + " | ".join(k.removesuffix("_bytes") + " MB" for k in kinds)
         + " | scratch peak MB"
-        " | seconds (this CPU) | model ÷ counted |",
-        "|---|---|" + "---|" * (len(kinds) + 3),
+        " | seconds (this CPU) | beside the updates (this CPU) | model ÷ counted |",
+        "|---|---|" + "---|" * (len(kinds) + 4),
     ]
     for label, result in results.items():
         for kind, row in result["counted"].items():
             seconds = ", ".join(f"{p} {s:g}" for p, s in row["seconds"].items() if s >= 0.005)
-            ratios = ", ".join(f"{k} {v:g}" for k, v in row.get("model_vs_counted", {}).items())
+            ratios = [f"{k} {v:g}" for k, v in row.get("model_vs_counted", {}).items()]
+            ratios += [f"beside: {k} {v:g}" for k, v in row.get("beside_model_vs_counted", {}).items()]
             megabytes = " | ".join(f"{row[k] / 1e6:,.1f}" for k in kinds)
             lines.append(
                 f"| {label} | {kind} {row['updates']} | {megabytes} | {row['scratch_peak_bytes'] / 1e6:,.1f}"
-                f" | {seconds} | {ratios or '–'} |"
+                f" | {seconds} | {_beside_cell(row.get('beside'))} | {', '.join(ratios) or '–'} |"
             )
     header = (
-        "| label | recipe | checkpoint GB | every | s per update, amortised | total s | ÷ the study's 104 s |"
+        "| label | recipe | checkpoint GB | every | s per update, amortised | blocking s | beside s"
+        " | total s | blocking ÷ the study's 104 s |"
     )
-    lines += ["", header, "|---|---|---|---|---|---|---|"]
+    lines += ["", header, "|---|---|---|---|---|---|---|---|---|"]
     for label, result in results.items():
         sites = {"stated": result["at_7b"], "modest site": result["at_7b_modest_site"]["recipes"]}
         if "at_7b_h200_rates" in result:
@@ -307,10 +372,11 @@ def markdown(results: dict[str, Any]) -> str:
         for site, recipes in sites.items():
             for name, row in recipes.items():
                 pieces = ", ".join(f"{p} {s:g}" for p, s in row["amortised_seconds"].items())
+                blocking = row.get("blocking_s", row["total_s"])  # before issue 67 every second blocked
                 lines.append(
                     f"| {label}, {site} | {name} | {row['checkpoint_bytes'] / 1e9:.1f}"
-                    f" | {row['checkpoint_every']} | {pieces} | **{row['total_s']:g}**"
-                    f" | {row['of_study_update']:.0%} |"
+                    f" | {row['checkpoint_every']} | {pieces} | **{blocking:g}** | {row.get('beside_s', 0):g}"
+                    f" | {row['total_s']:g} | {blocking / STUDY_UPDATE_S:.1%} |"
                 )
     handed = {label: result["handoff"] for label, result in results.items() if "handoff" in result}
     if handed:
@@ -328,9 +394,22 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _beside_cell(spent: dict[str, Any] | None) -> str:
+    """A counted row's seconds and bytes beside the updates (its checkpoints' uploads), or – if none."""
+    if not spent:
+        return "–"
+    seconds = [f"{p} {s:g} s" for p, s in spent["seconds"].items() if s >= 0.005]
+    megabytes = [f"{k} {v / 1e6:,.1f} MB" for k, v in spent["bytes"].items()]
+    return ", ".join(seconds + megabytes) or "–"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--label", default="before", help="the row's label: before, after (parts 2 and 3)")
+    parser.add_argument(
+        "--label",
+        default="before",
+        help="the rows' label (before, after-43a, after, after-44a, after-44, after-67)",
+    )
     parser.add_argument("--markdown", action="store_true", help="print the tables of the results file only")
     args = parser.parse_args()
     if args.markdown:

@@ -40,12 +40,8 @@ def _install_stop_flag() -> StopFlag:
     """USR2 (SLURM's warning before a time limit or at preemption) and SIGTERM raise the flag, replacing
     the handlers submitit installed before calling us."""
     flag = StopFlag()
-
-    def _raise(signum: int, frame: object) -> None:
-        flag.raised = True
-
     for signum in (signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(signum, _raise)
+        signal.signal(signum, flag.signalled)
     return flag
 
 
@@ -97,8 +93,8 @@ class AbandoningStop(StopFlag):
             self._settled = True
             raise TaskAbandoned(f"stopped by a signal after {self.commits} commits of this run")
 
-    def signalled(self, signum: int, frame: object) -> None:
-        self.raised = True
+    def signalled(self, signum: int | None = None, frame: object = None) -> None:
+        super().signalled(signum, frame)
         if not self._holding:
             self._abandon()
 
@@ -282,6 +278,7 @@ def run_driver_job(request: StageRequest, job_id_variable: str) -> JobOutcome:
             tensorboard_dir=events,
             holder_ended=holder_ended,
             retention=request.retention,
+            signal_grace_s=request.signal_grace_s,
         )
     except Preempted as exc:
         _finish_lockstep(runner)

@@ -26,6 +26,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -236,6 +237,7 @@ class JobRunner:
             self.profile.store_outage_s, 60.0 * resources.time_min - resources.signal_grace_s
         )
         function = functools.partial(self.job_function, store_outage=outage)
+        request = replace(request, signal_grace_s=resources.signal_grace_s)
         for attempt in range(1, SUBMIT_TRIES + 1):
             try:
                 job_id = self.backend.submit(request, resources, folder, function)

@@ -103,15 +103,28 @@ def spend_findings(
 
 
 def describe(found: Estimate, executor: str) -> str:
-    """The estimate in one line: amortised seconds by piece, and what plain and checkpoint updates move."""
+    """The estimate in one line: the seconds per update the updates wait for and those beside them (a
+    resident driver's checkpoint upload), amortised, by piece; and what plain and checkpoint updates move."""
     shape = found.shape
-    pieces = ", ".join(f"{p} {s:.1f}" for p, s in found.amortised_seconds().items() if s >= 0.05)
+    blocking, beside = _pieces(found.amortised_seconds(beside=False)), _pieces(found.amortised_seconds(True))
+    if shape.resident:
+        beside = (
+            f"{beside or 'none'}: each checkpoint's upload, {found.checkpoint.beside_s:.0f} s, while the"
+            " next updates train; it blocks an update only where it outlasts checkpoint_every updates"
+        )
+    else:
+        beside = "none: a job per stage commits each checkpoint inside optimize"
     plain = ", ".join(f"{k} {v / GB:.1f}" for k, v in sorted(found.plain.bytes.items()))
     full = ", ".join(f"{k} {v / GB:.1f}" for k, v in sorted(found.checkpoint.bytes.items()))
+    every = found.every
     return (
-        f"about {found.total_s:.1f} s of state movement per update under {executor} ({shape.ranks} trainer"
-        f" rank(s), amortised over checkpoint_every {found.every}: {pieces or 'none'}); GB moved by rank 0"
-        f" in a plain update: {plain or 'none'}; in a checkpoint update ({shape.sizes.checkpoint / GB:.1f} GB"
-        f" checkpoint): {full}; at stated bandwidths"
-        f" ({STATED.described()}: probepo/spend/model.py)"
+        f"about {found.blocking_s:.1f} s of state movement blocking each update under {executor}"
+        f" ({shape.ranks} trainer rank(s), amortised over checkpoint_every {every}: {blocking or 'none'})"
+        f" + {found.beside_s:.1f} s beside the updates ({beside}); GB moved by rank 0 in a plain update:"
+        f" {plain or 'none'}; in a checkpoint update ({shape.sizes.checkpoint / GB:.1f} GB checkpoint):"
+        f" {full}; at stated bandwidths ({STATED.described()}: probepo/spend/model.py)"
     )
+
+
+def _pieces(seconds: dict[str, float]) -> str:
+    return ", ".join(f"{piece} {s:.2f}" for piece, s in seconds.items() if s >= 0.005)

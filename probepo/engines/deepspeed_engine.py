@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from probepo import spend
@@ -41,6 +41,7 @@ from probepo.engines.hf.trainer import HFTrainerEngine
 from probepo.engines.trainer import TRAINER_FILE
 from probepo.run import distributed
 from probepo.run.schedule import optimizer_shard_name
+from probepo.streamed_save import save_streamed, streamed_pretrained_saves
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -204,10 +205,11 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
 
     def save(self, directory: str | Path) -> None:
         """Rank 0: the Hugging Face folder (config, weights, tokenizer) and trainer.json; every rank: its
-        optimizer shard and layout. Each rank copies to host only what it writes, tensor by tensor as it
-        writes them (under ZeRO-3 the weights are gathered on every rank, written by rank 0). Collective:
-        all ranks call it, with the same (node-local, shared) directory, and it returns once every file is
-        written."""
+        optimizer shard and layout. Every tensor crosses to host memory through the process's pinned
+        staging buffer, a chunk at a time as it is written (`save_streamed`; rank 0's weights by routing
+        `save_pretrained`'s writer to it; under ZeRO-3 the weights are gathered on every rank, written by
+        rank 0). Collective: all ranks call it, with the
+        same (node-local, shared) directory, and it returns once every file is written."""
         import deepspeed
 
         directory = Path(directory)
@@ -219,7 +221,8 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
             if distributed.rank() == 0:
                 tied = _tied_duplicates(self.model)  # a checkpoint holds each parameter once
                 weights = {k: v.detach() for k, v in self.model.state_dict().items() if k not in tied}
-                self.model.save_pretrained(directory, state_dict=weights)
+                with streamed_pretrained_saves():
+                    self.model.save_pretrained(directory, state_dict=weights)
                 spend.count_written(weights.values())
         if distributed.rank() == 0:
             if self.tokenizer is not None:
@@ -228,8 +231,8 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         if self.optimizer_steps:  # a fresh optimizer (checkpoint 0) has no state: any ranks may start from it
             stem = optimizer_shard_name(distributed.rank(), distributed.world_size())
             shard, layout = _flatten(self.ds_optimizer.state_dict())
-            save_file(
-                {f"optim.{k}": v.detach().cpu().contiguous() for k, v in shard.items()},
+            save_streamed(
+                {f"optim.{k}": v.detach().contiguous() for k, v in shard.items()},
                 directory / f"{stem}.safetensors",
             )
             spend.count_written(shard.values())

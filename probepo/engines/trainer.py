@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor
 
 from probepo import spend
@@ -25,6 +25,7 @@ from probepo.engines.fingerprint import weights_fingerprint
 from probepo.engines.packing import response_logits, token_logp_entropy
 from probepo.models.gpt import GPT, load_model, save_model
 from probepo.run.schedule import OPTIMIZER_STATE_PREFIX
+from probepo.streamed_save import save_streamed
 
 OPTIMIZER_FILE = f"{OPTIMIZER_STATE_PREFIX}.safetensors"
 TRAINER_FILE = "trainer.json"
@@ -261,11 +262,12 @@ class TorchTrainerEngine:
         self.optimizer_steps = int(state.meta["optimizer_steps"])
 
     def save(self, directory: str | Path) -> None:
-        """model.safetensors + config.json (the policy), optimizer.safetensors + trainer.json (the rest)."""
+        """model.safetensors + config.json (the policy), optimizer.safetensors + trainer.json (the rest); the
+        tensors streamed to the files one at a time (`save_streamed`), never all in host memory at once."""
         directory = Path(directory)
         save_model(self.model, directory)
         optimizer = self.optimizer_tensors()
-        save_file({k: v.contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
+        save_streamed({k: v.contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
         spend.count_written([*self.model.state_dict().values(), *optimizer.values()])
         (directory / TRAINER_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
 

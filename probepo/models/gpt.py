@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from torch.nn.functional import scaled_dot_product_attention
 
 from probepo.config import ModelConfig
+from probepo.streamed_save import save_streamed
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -150,10 +151,11 @@ class GPT(nn.Module):
 
 
 def save_model(model: GPT, directory: str | Path) -> None:
-    """Writes `model.safetensors` and `config.json` into `directory` (created if missing)."""
+    """Writes `model.safetensors` and `config.json` into `directory` (created if missing); the weights
+    streamed to the file one tensor at a time (`save_streamed`: the bytes `save_file` writes)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, directory / WEIGHTS_FILE)
+    save_streamed({k: v.contiguous() for k, v in model.state_dict().items()}, directory / WEIGHTS_FILE)
     (directory / CONFIG_FILE).write_text(json.dumps(model.config.model_dump(), indent=2) + "\n")
 
 

@@ -24,6 +24,7 @@ from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.policy import PolicyEngines
 from probepo.stages.runners import STAGES
+from probepo.stages.uploads import DEFAULT_SIGNAL_GRACE_S, CheckpointUploads
 from probepo.store import AlreadyCommitted, ArtifactStore, AttemptOutcome, open_store
 
 
@@ -44,6 +45,9 @@ class StageRequest:
     """The run's RunConfig as JSON (a warm-up run's too: the warm-up reads its settings from it)."""
     retention: Retention | None = None
     """The driver's (the resident executor's job): the profile's checkpoint retention."""
+    signal_grace_s: float | None = None
+    """The job's `signal_grace_s` (the profile's for its stage), set where it is submitted: how long a stop
+    leaves it (a driver lets a checkpoint in flight land within it)."""
 
     @cached_property
     def config(self) -> RunConfig:
@@ -178,22 +182,27 @@ def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> Non
     0 die, the group's collectives fail here and this process ends with them."""
     store = open_store(request.store_url)
     engines = PolicyEngines()
-    while (order := distributed.broadcast_json()) is not None:
-        ctx = StageContext(
-            store,
-            order["run_id"],  # the run's, or its warm-up run's
-            order["update"],
-            request.config,
-            scratch,
-            should_stop=distributed.agreed(should_stop),
-            engines=engines,
-        )
-        try:
-            STAGES[order["stage"]](ctx)
-        except AlreadyCommitted:
-            pass  # another attempt committed it first, as rank 0 found too
-        except Preempted:
-            engines.release()  # rank 0 stops too, then tells this rank to finish
-        except BaseException:
-            engines.release()
-            raise
+    uploads = CheckpointUploads(should_stop, request.signal_grace_s or DEFAULT_SIGNAL_GRACE_S)
+    with uploads.until_landed(store):  # this rank's part of a checkpoint in flight (rank 0 lands it)
+        while (order := distributed.broadcast_json()) is not None:
+            ctx = StageContext(
+                store,
+                order["run_id"],  # the run's, or its warm-up run's
+                order["update"],
+                request.config,
+                scratch,
+                should_stop=distributed.agreed(should_stop),
+                engines=engines,
+                uploads=uploads,
+            )
+            try:
+                STAGES[order["stage"]](ctx)
+            except AlreadyCommitted:
+                pass  # another attempt committed it first, as rank 0 found too
+            except Preempted:
+                engines.release()  # rank 0 stops too, then tells this rank to finish
+            except BaseException:
+                engines.release()
+                raise
+        if should_stop():  # rank 0 stopped: this rank's upload lands within the grace, or is abandoned
+            uploads.settle(store)

@@ -10,21 +10,24 @@ from __future__ import annotations
 import logging
 import tempfile
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from probepo import __version__, spend
+from probepo import __version__
 from probepo.config import NOT_RECIPE, Retention, RunConfig
 from probepo.presets import ConfigError
 from probepo.run.driver_lease import LeaseKeeper, take_lease
 from probepo.run.evaluations import retain_checkpoints
 from probepo.run.execution import DriverRunner, InlineRunner, StageRequest, StageRunner
+from probepo.run.metrics import MetricsFollower, ProgressFn, RunMetrics
 from probepo.run.preemption import Preempted, StopFlag
 from probepo.run.schedule import STAGES, Stage, full_checkpoint, resident_refusal, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
+from probepo.stages.uploads import DEFAULT_SIGNAL_GRACE_S, CheckpointUploads
 from probepo.store import (
     ArtifactStore,
     Ledger,
@@ -38,9 +41,6 @@ from probepo.store.store import differing_fields
 
 log = logging.getLogger(__name__)
 
-ProgressFn = Callable[[int, str, dict[str, Any], bool], None]
-"""Called after each stage with (update, stage, summary, ran): `ran` is False for a stage that was already
-committed (skipped on resume). The CLI prints progress with it."""
 SayFn = Callable[[str], None]
 """Called with a line for the user: where the store, warm-up and events are, where a run starts."""
 
@@ -66,12 +66,6 @@ def drive_stage(
     return summary
 
 
-def stage_spend(store: ArtifactStore, run_id: str, update: int, stage: str) -> dict[str, Any]:
-    """What every attempt at a committed stage spent, summed (probepo.spend): its metrics' timing/ and
-    bytes/ entries."""
-    return spend.summed(store.attempts(run_id, update, stage))
-
-
 def run_record(config: RunConfig, parts: tuple[str, ...] | None = None) -> dict[str, Any]:
     """What run.json freezes: the config (or some of its parts) and the code version. Where the store
     lives and how often it is checkpointed in full are not part of its recipe (NOT_RECIPE): a run may be
@@ -94,6 +88,7 @@ def train(
     runner: StageRunner | DriverRunner | None = None,
     holder_ended: HolderEnded | None = None,
     retention: Retention | None = None,
+    signal_grace_s: float | None = None,
 ) -> list[dict[str, Any]]:
     """Run (or resume) `run_id` to `config.num_updates` updates; returns the metrics records. Every stage
     the ledger lacks (the warm-up's too) goes to `runner` (default: inline, in this process); a
@@ -105,7 +100,8 @@ def train(
     decision, after checking that it is dead); `holder_ended` judges a holder of another host (a SLURM
     job that accounting shows ended is taken over at once). `say` hears where things are and where the
     run starts, once the recipe and the lease are settled. `retention` (the profile's) prunes older
-    checkpoints after each full one.
+    checkpoints after each full one. `signal_grace_s`: how long a stop leaves this process (its job's;
+    None: the profile default's), which a checkpoint uploading beside the updates may use to land.
     """
     store = store or open_store(config.store)
     runner = runner or InlineRunner()
@@ -117,9 +113,14 @@ def train(
         _drive_in_a_job(config, run_id, store, runner, tell, progress, retention)
         return store.read_metrics(run_id)
     flag = StopFlag()
+    grace = DEFAULT_SIGNAL_GRACE_S if signal_grace_s is None else signal_grace_s
+    uploads = None
+    if runner.resident:  # its process outlives the stage: a checkpoint can upload beside the next updates
+        landed = partial(_retain, store, run_id, retention)
+        uploads = CheckpointUploads(flag, grace, landed, job_id=getattr(runner, "job_id", None))
     with flag.installed():  # a stop during the warm-up, too, ends this driver at a safe point
         return _train(config, run_id, store, runner, flag, tell, progress, tensorboard_dir, take_over,
-                      holder_ended, retention)  # fmt: skip
+                      holder_ended, retention, uploads)  # fmt: skip
 
 
 def _train(
@@ -134,6 +135,7 @@ def _train(
     take_over: bool,
     holder_ended: HolderEnded | None,
     retention: Retention | None,
+    uploads: CheckpointUploads | None,
 ) -> list[dict[str, Any]]:
     """`train` from the warm-up on, in this process, under the stop flag `flag`."""
     # A testbed run starts from the shared warm-up; a Hugging Face model's from its pretrained weights.
@@ -149,7 +151,7 @@ def _train(
     with (
         LeaseKeeper(take_lease(store, run_id, force=take_over, holder_ended=holder_ended)) as lease,
         tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch,
-        _Metrics(store, run_id, tensorboard_dir) as metrics,
+        RunMetrics(store, run_id, tensorboard_dir) as metrics,
     ):
         start = resume_point(store, run_id, config)
         tell(_start_line(store, run_id, start, origin, config))
@@ -161,23 +163,32 @@ def _train(
             if metrics.missing(update):
                 ctx = StageContext(store, run_id, update, config, Path(scratch))
                 metrics.log(update, {s: drive_stage(ctx, s, runner) for s in _update_stages(config, update)})
-        for update in range(first, config.num_updates + 1):
-            ctx = StageContext(store, run_id, update, config, Path(scratch), should_stop=flag)
-            summaries = {}
-            for stage in _update_stages(config, update):
-                summaries[stage] = drive_stage(ctx, stage, runner, progress)
-                if STAGES[stage].commits_next_checkpoint and _full_after(config, update):
-                    prune_parts(store, run_id, (update,))  # its parts: resume points nothing reads again
-                    if retention is not None and not retention.keeps_everything:
-                        retain_checkpoints(store, run_id, retention)
-                lease.check()
-                if flag.raised:  # a stage boundary is a safe point: everything so far is committed
-                    metrics.log(update, summaries)
-                    raise Preempted(
-                        f"preempted after stage {stage} of update {update}; everything before is committed"
-                    )
-            metrics.log(update, summaries)
+        with nullcontext() if uploads is None else uploads.until_landed(store):
+            for update in range(first, config.num_updates + 1):
+                ctx = StageContext(store, run_id, update, config, Path(scratch), flag, uploads=uploads)
+                summaries = {}
+                for stage in _update_stages(config, update):
+                    summaries[stage] = drive_stage(ctx, stage, runner, progress)
+                    if STAGES[stage].commits_next_checkpoint and _full_after(config, update):
+                        prune_parts(store, run_id, (update,))  # its parts: resume points nothing reads again
+                        if uploads is None or not uploads.in_flight(update + 1):
+                            _retain(store, run_id, retention, update + 1)  # else once it lands
+                    if uploads is not None:
+                        uploads.land(store)
+                    lease.check()
+                    if flag.raised:  # a stage boundary is a safe point: everything so far is committed
+                        metrics.log(update, summaries)
+                        raise Preempted(f"preempted after stage {stage} of update {update}; everything"
+                                        " before is committed")  # fmt: skip
+                metrics.log(update, summaries)
     return store.read_metrics(run_id)
+
+
+def _retain(store: ArtifactStore, run_id: str, retention: Retention | None, checkpoint: int) -> None:
+    """After full checkpoint `checkpoint` is committed: prune the older ones as the profile's `retention`
+    says (it counts committed checkpoints only)."""
+    if retention is not None and not retention.keeps_everything:
+        retain_checkpoints(store, run_id, retention)
 
 
 def _full_after(config: RunConfig, update: int) -> bool:
@@ -211,40 +222,12 @@ def _drive_in_a_job(
     flag = StopFlag()
     with flag.installed(), tempfile.TemporaryDirectory(prefix=f"probepo-{run_id}-") as scratch:
         ctx = StageContext(store, run_id, 0, config, Path(scratch), should_stop=flag)
-        follow = _MetricsFollower(store, run_id, progress) if progress else None
+        follow = MetricsFollower(store, run_id, progress) if progress else None
         request = replace(StageRequest.of(ctx, Stage.DRIVER), retention=retention)
         runner.run_driver(request, ctx, on_poll=follow)
         if follow is not None:
             follow()
     tell(f"run {run_id} is complete ({config.num_updates} updates)")
-
-
-class _MetricsFollower:
-    """Tells a ProgressFn of each stage summary that appears in a run's metrics (written by a job), once;
-    the summaries there before it started count as told."""
-
-    def __init__(self, store: ArtifactStore, run_id: str, progress: ProgressFn) -> None:
-        self.store, self.run_id, self.progress = store, run_id, progress
-        self.told = {told for record in store.read_metrics(run_id) for told in self._summaries(record)}
-
-    @staticmethod
-    def _summaries(record: dict[str, Any]) -> dict[tuple[int, str], dict[str, Any]]:
-        summaries: dict[tuple[int, str], dict[str, Any]] = {}
-        for key, value in record.items():
-            stage, slash, name = key.partition("/")
-            if slash and not spend.is_spend_metric(key):
-                summaries.setdefault((int(record["update"]), stage), {})[name] = value
-        return summaries
-
-    def __call__(self) -> bool:
-        """Tell what is new; returns whether there was anything."""
-        told = len(self.told)
-        for record in self.store.read_metrics(self.run_id):
-            for (update, stage), summary in self._summaries(record).items():
-                if (update, stage) not in self.told:
-                    self.told.add((update, stage))
-                    self.progress(update, stage, summary, True)
-        return len(self.told) > told
 
 
 def _update_stages(config: RunConfig, update: int) -> list[str]:
@@ -258,52 +241,6 @@ def _start_line(store: ArtifactStore, run_id: str, start: ResumePoint, origin: s
         return f"starting run {run_id}: {config.num_updates} updates from {origin}"
     partial_note = f" (committed inside it: {', '.join(start.partials)})" if start.partials else ""
     return f"resuming run {run_id} at update {start.update}, stage {start.stage}{partial_note}"
-
-
-class _Metrics:
-    """metrics.jsonl (and TensorBoard) records, one per update and stage set: a stage's summary is logged
-    once, whenever it is first seen committed (a resumed update logs only what it had not logged; an
-    extended run's last update logs its new training stages). The TensorBoard writer opens only when
-    there is something to write, so a no-op resume leaves no empty event file."""
-
-    def __init__(self, store: ArtifactStore, run_id: str, tensorboard_dir: Path | None) -> None:
-        self.store, self.run_id, self.tensorboard_dir = store, run_id, tensorboard_dir
-        self.logged: dict[int, set[str]] = {}
-        for record in store.read_metrics(run_id):
-            stages = {key.split("/", 1)[0] for key in record if "/" in key and not spend.is_spend_metric(key)}
-            self.logged.setdefault(int(record["update"]), set()).update(stages)
-        self.writer = None
-
-    def missing(self, update: int) -> bool:
-        return update not in self.logged
-
-    def log(self, update: int, summaries: dict[str, dict[str, Any]]) -> None:
-        done = self.logged.setdefault(update, set())
-        record: dict[str, Any] = {"update": update}
-        for stage, summary in summaries.items():
-            if stage not in done:
-                record.update({f"{stage}/{key}": value for key, value in summary.items()})
-                record.update(spend.spend_metrics(stage, stage_spend(self.store, self.run_id, update, stage)))
-                done.add(stage)
-        if len(record) == 1:
-            return
-        self.store.append_metrics(self.run_id, record)
-        if self.tensorboard_dir is not None:
-            if self.writer is None:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.writer = SummaryWriter(str(self.tensorboard_dir))
-            for key, value in record.items():
-                if isinstance(value, int | float) and key != "update":
-                    self.writer.add_scalar(key, value, update)
-            self.writer.flush()
-
-    def __enter__(self) -> _Metrics:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.writer is not None:
-            self.writer.close()
 
 
 def recorded_updates(store: ArtifactStore, run_id: str) -> int:

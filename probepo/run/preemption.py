@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -27,9 +28,17 @@ class StopFlag:
 
     def __init__(self) -> None:
         self.raised = False
+        self.raised_at: float | None = None
+        """When the first stop signal came (time.monotonic()): a job's signal grace counts from then."""
 
     def __call__(self) -> bool:
         return self.raised
+
+    def signalled(self, signum: int | None = None, frame: object = None) -> None:
+        """The signal handler: raise the flag (noting when, the first time)."""
+        if not self.raised:
+            self.raised_at = time.monotonic()
+        self.raised = True
 
     @contextmanager
     def installed(self) -> Iterator[StopFlag]:
@@ -39,10 +48,7 @@ class StopFlag:
             yield self
             return
 
-        def _raise(signum: int, frame: object) -> None:
-            self.raised = True
-
-        previous = {s: signal.signal(s, _raise) for s in (signal.SIGUSR2, signal.SIGTERM)}
+        previous = {s: signal.signal(s, self.signalled) for s in (signal.SIGUSR2, signal.SIGTERM)}
         try:
             yield self
         finally:

@@ -4,6 +4,8 @@ A process runs one stage attempt at a time (a job's ranks are processes of their
 counters are this process's current `Spend`: `execute_stage` opens one for each attempt (`attempt_spend`)
 and writes it into the attempt record; the code that moves bytes or does a piece of work adds to it
 through `count` and `timed`, which cost a clock read or an addition and do nothing outside an attempt.
+Work that runs beside the attempts (a checkpoint uploading while the next updates train,
+probepo/stages/uploads.py) counts into counters of its own on its threads (`counting_into`).
 The driver sums a stage's attempts into the update's metrics as `timing/<stage>/<piece>` and
 `bytes/<stage>/<kind>` (the way verl logs `timing_s/*`); `probepo report` breaks an update down by them.
 """
@@ -27,7 +29,8 @@ BYTE_KINDS: tuple[ByteKind, ...] = (
     "handoff_memory",
 )
 """scratch: written to the node's scratch folder (saves, downloads landing there); uploaded / downloaded: to
-and from the store; host_copy: copied from an accelerator (or a live parameter) into a new host tensor;
+and from the store; host_copy: copied from an accelerator (or a live parameter) to host memory, into a new
+host tensor or through a save's pinned staging buffer (probepo/streamed_save.py);
 handoff_file / handoff_memory: weights handed to a generation engine through a file or in memory."""
 
 Piece = Literal[
@@ -42,6 +45,7 @@ Piece = Literal[
     "download",
     "load",
     "store_wait",
+    "checkpoint_wait",
 ]
 PIECES: tuple[Piece, ...] = get_args(Piece)
 """generation: engine calls that decode; grading: rewards of answers; scoring: log-probabilities and
@@ -49,7 +53,8 @@ entropies; optimizer: forward, backward and steps; handoff: weights into a gener
 the replay check's hash of the weights; save: a trainer's state written to scratch; commit: uploads and
 markers; download: files fetched from the store; load: engines built and weights read into them;
 store_wait: an unreachable store waited for (probepo/store/outage.py), counted once however many of the
-attempt's threads waited at the same time."""
+attempt's threads waited at the same time; checkpoint_wait: an update blocked on a checkpoint uploading
+beside it (a second one due while one is in flight, or the run's end)."""
 
 METRIC_GROUPS = ("timing", "bytes")
 """The metric keys' first part for spend (`timing/<stage>/<piece>`, `bytes/<stage>/<kind>`): not a stage."""
@@ -90,6 +95,13 @@ class Spend:
 
 
 _current: Spend | None = None
+_beside = threading.local()
+"""A thread's own counters (`counting_into`), which take the place of the attempt's on that thread."""
+
+
+def current() -> Spend | None:
+    """The counters this thread adds to: its own where it has some, else the running attempt's."""
+    return getattr(_beside, "spend", None) or _current
 
 
 @contextmanager
@@ -103,15 +115,27 @@ def attempt_spend() -> Iterator[Spend]:
         _current = previous
 
 
+@contextmanager
+def counting_into(counters: Spend | None) -> Iterator[None]:
+    """This thread counts into `counters` inside the block (None: the running attempt's), whatever attempt
+    the process runs meanwhile: work beside the attempts, and the worker threads it starts."""
+    previous = getattr(_beside, "spend", None)
+    _beside.spend = counters
+    try:
+        yield
+    finally:
+        _beside.spend = previous
+
+
 def count(kind: ByteKind, nbytes: int) -> None:
     """Add bytes to the running attempt's counters (nothing outside an attempt)."""
-    if _current is not None:
-        _current.add_bytes(kind, nbytes)
+    if (spend := current()) is not None:
+        spend.add_bytes(kind, nbytes)
 
 
 def note_scratch(in_use: int) -> None:
-    if _current is not None:
-        _current.note_scratch(in_use)
+    if (spend := current()) is not None:
+        spend.note_scratch(in_use)
 
 
 @contextmanager
@@ -119,7 +143,7 @@ def timed(piece: Piece) -> Iterator[None]:
     """Add the block's wall time to the running attempt's `piece` (nothing outside an attempt). A block
     timed inside another counts as its own piece only (the outer one keeps its self time: an optimizer
     that saves and commits parts between mini-batches is not charged for them), so pieces add up."""
-    spend = _current
+    spend = current()
     if spend is None:
         yield
         return
@@ -138,7 +162,7 @@ def timed(piece: Piece) -> Iterator[None]:
 def count_waited(piece: Piece, seconds: float) -> None:
     """Add seconds the attempt spent blocked, measured by the caller over all its threads (the store's
     outage wait), to `piece` and take them from the timed block open around them: pieces still add up."""
-    spend = _current
+    spend = current()
     if spend is None:
         return
     spend.add_seconds(piece, seconds)
@@ -149,7 +173,8 @@ def count_waited(piece: Piece, seconds: float) -> None:
 
 def count_written(tensors: Iterable[Any]) -> None:
     """A save's tensors, written as they are: those on an accelerator are copied to host memory on the way
-    (`host_copy`); host tensors are written without a copy."""
+    (`host_copy`: through the writer's pinned staging buffer, a piece at a time, or for the weights
+    `save_pretrained` writes, a pageable copy of each shard); host tensors are written without a copy."""
     count("host_copy", tensor_bytes(t for t in tensors if t.device.type != "cpu"))
 
 

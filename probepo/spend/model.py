@@ -13,6 +13,15 @@ counters of a real run, so a change to what an update moves changes both. Second
 bandwidths (`Bandwidths`, each figure with its source), for state movement only: generation, grading,
 scoring and the optimizer's own arithmetic are the update's work, not its overhead. Pure: nothing here
 imports torch or a stage.
+
+Each move either blocks the update (the update waits for it: the hand-off, the fingerprint, a save) or runs
+beside the updates (`Move.beside`: under a resident driver a full checkpoint's upload and commit, which
+probepo/stages/uploads.py runs while the next updates generate and train; rank 0's counters of it are the
+`checkpoint` attempt record of update k + 1 marked `beside`). `Estimate` gives both, per update amortised
+over a checkpoint period (`blocking_s`, `beside_s`). The model is of a run's steady state: its last
+checkpoint, which optimize commits inside itself (blocking) however the run executes, is left out, as is
+the wait of a checkpoint due while the one before still uploads (`Estimate.checkpoint_wait_s` gives it for
+an update of a given length).
 """
 
 from __future__ import annotations
@@ -20,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 from probepo.run.schedule import is_optimizer_state
 from probepo.spend import ByteKind, Piece
@@ -29,6 +38,7 @@ if TYPE_CHECKING:
     from probepo.config import RunConfig
 
 GB = 1e9
+N = TypeVar("N", int, float)
 DEEPSPEED_OPTIMIZER_BYTES = 12
 """Bytes of optimizer state per parameter under DeepSpeed ZeRO: a float32 master copy and AdamW's two
 float32 moments (whatever the weights' dtype); torch's AdamW keeps two moments of the weights' dtype."""
@@ -50,11 +60,17 @@ class Bandwidths:
     """The store, per node: 20 Gb/s. AWS's S3 guidance reaches 100 Gb/s per instance with many parallel
     requests; a site's S3 gateway rarely gives one node its whole NIC."""
     device_to_host: float = 25.0
-    """A GPU's tensors copied into new pageable host memory (`.cpu()`, `.clone()` of a CPU copy), per rank on
-    its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about half).
-    Measured on a lent H200 in a Firecracker VM (bench/overhead_gpu.py): 1.26 GB/s, the time spent faulting
-    in fresh pages (55 GB/s into pinned buffers kept); a bare node faults faster, by a factor not measured,
-    so the stated figure stays and bench/overhead.py shows the measured one beside it."""
+    """A GPU's tensors copied into new pageable host memory (`.cpu()`: a file hand-off's `weights()`), per
+    rank on its own PCIe Gen5 x16 link (64 GB/s each way by the specification; pageable copies reach about
+    half). Measured on a lent H200
+    in a Firecracker VM (bench/overhead_gpu.py): 1.26 GB/s, the time spent faulting in fresh pages; a bare
+    node faults faster, by a factor not measured, so the stated figure stays and bench/overhead.py shows the
+    measured one beside it."""
+    device_to_pinned: float = 50.0
+    """A GPU's tensors copied into a pinned host buffer kept across saves (probepo/streamed_save.py: how a
+    save's files cross to the node's disk, a chunk at a time, the weights `save_pretrained` writes too), per
+    rank: the same PCIe Gen5 x16 link, whose DMA from pinned memory reaches ~80 % of its 64 GB/s. Measured
+    on a lent H200 (bench/overhead_gpu.py): 55 GB/s."""
     device_copy: float = 2000.0
     """A copy from one tensor to another on the same GPU (the trainer's weights into the generator's), in
     bytes copied: stated, not measured here. The H200's 4.8 TB/s of HBM3e (NVIDIA's datasheet) serves both
@@ -149,7 +165,9 @@ class UpdateShape:
         return self.sizes.weights + self.sizes.optimizer // self.ranks
 
 
-Rate = Literal["scratch_write", "scratch_read", "s3", "device_to_host", "device_copy", "device_hash"]
+Rate = Literal[
+    "scratch_write", "scratch_read", "s3", "device_to_host", "device_to_pinned", "device_copy", "device_hash"
+]
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,8 @@ class Move:
     rate: Rate | None
     """None: no time of its own (a download's landing on the disk overlaps its transfer)."""
     per_node: bool = False
+    beside: bool = False
+    """It runs beside the next updates (a resident driver's checkpoint upload), not blocking this one."""
 
     def seconds(self, shape: UpdateShape, bandwidths: Bandwidths) -> float:
         if self.rate is None:
@@ -174,7 +194,11 @@ class Move:
 
 def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
     """What rank 0 of one update moves: a plain update (policy k + 1 kept in memory, its digest committed) or
-    one ending on a full checkpoint (every update under a per-stage executor)."""
+    one ending on a full checkpoint (every update under a per-stage executor). Under a resident driver a
+    checkpoint update also commits the fingerprint (a resume replays policy k + 1 until its checkpoint's
+    marker lands), and its checkpoint's upload and commit run beside the next updates (optimize.py,
+    uploads.py); under a per-stage executor optimize commits the checkpoint inside itself and fingerprints
+    nothing."""
     w, node = shape.sizes.copied, shape.node_share
     moves: list[Move] = []
     if shape.resident:
@@ -195,26 +219,29 @@ def update_moves(shape: UpdateShape, *, checkpoint: bool) -> list[Move]:
                 Move("download", "scratch", fetched, None),
                 Move("load", None, fetched, "scratch_read"),
             ]
-    if not (checkpoint or not shape.resident):
-        # optimize: the weights' fingerprint, each rank hashing its share where the weights are
-        return [*moves, Move("digest", None, w // shape.ranks, "device_hash")]
-    return [*moves, *_save(shape)]  # the checkpoint of policy k + 1 (parts: a stop's only, stop_seconds)
+        # the checkpoint of policy k + 1, committed inside optimize (parts: a stop's only, stop_seconds)
+        return [*moves, *_save(shape)]
+    # optimize: the weights' fingerprint, each rank hashing its share where the weights are
+    moves.append(Move("digest", None, w // shape.ranks, "device_hash"))
+    return [*moves, *_save(shape, beside=True)] if checkpoint else moves
 
 
-def _save(shape: UpdateShape) -> list[Move]:
-    """A full save of the trainer: what rank 0 writes copied to host, the node's share written to its disk
-    and uploaded."""
+def _save(shape: UpdateShape, *, beside: bool = False) -> list[Move]:
+    """A full save of the trainer: what rank 0 writes copied to host through the pinned staging buffer (its
+    weights and its optimizer shard: probepo/streamed_save.py, `save_pretrained` routed through it), the
+    node's share written to its disk and uploaded (`beside`: while the next updates run)."""
     return [
-        Move("save", "host_copy", shape.rank0_writes if shape.accelerator else 0, "device_to_host"),
+        Move("save", "host_copy", shape.rank0_writes if shape.accelerator else 0, "device_to_pinned"),
         Move("save", "scratch", shape.node_share, "scratch_write"),
-        Move("commit", "uploaded", shape.node_share, "s3"),
+        Move("commit", "uploaded", shape.node_share, "s3", beside=beside),
     ]
 
 
 def stop_seconds(shape: UpdateShape, bandwidths: Bandwidths = STATED) -> float:
     """What a stop inside a checkpoint update's optimizer takes of the job's grace window: the trainer saved
-    as a part and uploaded (a full checkpoint's bytes). The trainer's `signal_grace_s` must cover it, or the
-    kill lands mid-save and the update reruns from the last committed state."""
+    as a part and uploaded (a full checkpoint's bytes), blocking whatever the executor. The trainer's
+    `signal_grace_s` must cover it, or the kill lands mid-save and the update reruns from the last committed
+    state."""
     return sum(move.seconds(shape, bandwidths) for move in _save(shape))
 
 
@@ -231,30 +258,68 @@ def _handoff(shape: UpdateShape, nbytes: int) -> list[Move]:
 
 @dataclass
 class UpdateEstimate:
-    """One kind of update's bytes by counter and seconds by piece."""
+    """One kind of update's bytes by counter and seconds by piece: `bytes` and `seconds` all of them, blocking
+    or beside; `beside_bytes` and `beside_seconds` the part that runs beside the next updates."""
 
     bytes: dict[str, int] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    beside_bytes: dict[str, int] = field(default_factory=dict)
+    beside_seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def blocking_bytes(self) -> dict[str, int]:
+        """The bytes the update's own stages move (what its metrics count)."""
+        return _less(self.bytes, self.beside_bytes)
+
+    @property
+    def blocking_seconds(self) -> dict[str, float]:
+        """The seconds the update waits for, by piece."""
+        return _less(self.seconds, self.beside_seconds)
 
     @property
     def total_s(self) -> float:
         return sum(self.seconds.values())
 
+    @property
+    def blocking_s(self) -> float:
+        return sum(self.blocking_seconds.values())
+
+    @property
+    def beside_s(self) -> float:
+        return sum(self.beside_seconds.values())
+
+    def seconds_of(self, beside: bool | None = None) -> dict[str, float]:
+        """Seconds by piece: all (None), blocking (False) or beside (True)."""
+        return self.seconds if beside is None else self.beside_seconds if beside else self.blocking_seconds
+
     @classmethod
     def of(cls, shape: UpdateShape, moves: list[Move], bandwidths: Bandwidths) -> UpdateEstimate:
         estimate = cls()
         for move in moves:
-            if move.kind is not None:
-                estimate.bytes[move.kind] = estimate.bytes.get(move.kind, 0) + move.nbytes
             seconds = move.seconds(shape, bandwidths)
-            estimate.seconds[move.piece] = estimate.seconds.get(move.piece, 0.0) + seconds
+            kinds = [estimate.bytes, estimate.beside_bytes] if move.beside else [estimate.bytes]
+            pieces = [estimate.seconds, estimate.beside_seconds] if move.beside else [estimate.seconds]
+            if move.kind is not None:
+                for counted in kinds:
+                    counted[move.kind] = counted.get(move.kind, 0) + move.nbytes
+            for timed in pieces:
+                timed[move.piece] = timed.get(move.piece, 0.0) + seconds
         return estimate
+
+
+def _less(whole: dict[str, N], part: dict[str, N]) -> dict[str, N]:
+    """`whole` less `part`, key by key (a key `part` takes whole leaves)."""
+    left = {key: value - part.get(key, 0) for key, value in whole.items()}
+    return {key: value for key, value in left.items() if key not in part or value}
 
 
 @dataclass
 class Estimate:
     """A recipe's state movement per update: a plain update, a checkpoint update, and the mean over a
-    checkpoint period (`checkpoint_every` − 1 plain updates and one checkpoint update)."""
+    checkpoint period (`checkpoint_every` − 1 plain updates and one checkpoint update), split into what
+    the updates wait for (`blocking_s`) and what runs beside them (`beside_s`: a resident driver's
+    checkpoint upload; `total_s` is both). The split assumes each upload lands before the next checkpoint
+    is due (`checkpoint_wait_s` otherwise) and runs at its stated rate whatever the updates beside it do."""
 
     shape: UpdateShape
     plain: UpdateEstimate
@@ -265,18 +330,37 @@ class Estimate:
     def every(self) -> int:
         return self.shape.checkpoint_every if self.shape.resident else 1
 
-    def amortised_seconds(self) -> dict[str, float]:
-        pieces = set(self.plain.seconds) | set(self.checkpoint.seconds)
+    def amortised_seconds(self, beside: bool | None = None) -> dict[str, float]:
+        """Seconds per update by piece, the mean over a checkpoint period: all of them (None, the default),
+        those the updates wait for (False) or those beside them (True)."""
+        plain, full = self.plain.seconds_of(beside), self.checkpoint.seconds_of(beside)
         plain_share = (self.every - 1) / self.every
         return {
-            piece: plain_share * self.plain.seconds.get(piece, 0.0)
-            + self.checkpoint.seconds.get(piece, 0.0) / self.every
-            for piece in sorted(pieces)
+            piece: plain_share * plain.get(piece, 0.0) + full.get(piece, 0.0) / self.every
+            for piece in sorted(set(plain) | set(full))
         }
 
     @property
     def total_s(self) -> float:
+        """Every second of state movement per update, blocking or beside."""
         return sum(self.amortised_seconds().values())
+
+    @property
+    def blocking_s(self) -> float:
+        """The seconds per update the updates wait for, amortised."""
+        return sum(self.amortised_seconds(beside=False).values())
+
+    @property
+    def beside_s(self) -> float:
+        """The seconds per update that run beside the updates, amortised."""
+        return sum(self.amortised_seconds(beside=True).values())
+
+    def checkpoint_wait_s(self, update_s: float) -> float:
+        """The seconds per update, amortised, the updates would wait for a checkpoint still uploading when
+        the next is due, where an update takes `update_s` in all: an upload starts after optimize k's save
+        and must land before optimize k + `every`'s save hands on the next, `every` updates later (0 where
+        nothing runs beside)."""
+        return max(0.0, self.checkpoint.beside_s - self.every * update_s) / self.every
 
     def moved_bytes(self, update: UpdateEstimate) -> int:
         """Bytes to and from the store and the node's disk (what a checkpoint's size is compared with)."""

@@ -100,11 +100,14 @@ def _committed_checkpoints(ctx: StageContext) -> list[int]:
 
 
 @contextmanager
-def saved_trainer(ctx: StageContext, engine: TrainerEngine, folder: Path) -> Iterator[dict[str, Path]]:
+def saved_trainer(
+    ctx: StageContext, engine: TrainerEngine, folder: Path, *, handed_on: bool = False
+) -> Iterator[dict[str, Path]]:
     """The trainer's state saved into `folder` of the scratch, counted: the files for the block to commit.
     The folder goes after the block (its node's leader removes it): nothing reads a saved state back from
     scratch (a later stage takes it from the resident engine or the store), so a node's scratch holds one
-    save at a time, not every part and checkpoint of a job."""
+    save at a time, not every part and checkpoint of a job. `handed_on`: the block hands the folder to an
+    upload beside the updates (uploads.py), which removes it; it goes here only if the block fails."""
     try:
         with spend.timed("save"):
             engine.save(folder)
@@ -112,8 +115,11 @@ def saved_trainer(ctx: StageContext, engine: TrainerEngine, folder: Path) -> Ite
         spend.count("scratch", sum(path.stat().st_size for path in files.values()))
         note_scratch(ctx)
         yield files
+    except BaseException:
+        handed_on = False
+        raise
     finally:
-        if distributed.is_node_leader():
+        if not handed_on and distributed.is_node_leader():
             shutil.rmtree(folder, ignore_errors=True)
 
 

@@ -22,6 +22,7 @@ from probepo.store import AlreadyCommitted, ArtifactStore
 
 if TYPE_CHECKING:
     from probepo.stages.policy import PolicyEngines
+    from probepo.stages.uploads import CheckpointUploads
 
 
 def derive_seed(*parts: object) -> int:
@@ -55,6 +56,9 @@ class StageContext:
     engines: PolicyEngines | None = None
     """The engines the runner keeps alive across stages and updates (the inline runner's), or None: the
     stage builds its own on policy k from the store."""
+    uploads: CheckpointUploads | None = None
+    """The driver's checkpoint uploads beside the updates (a resident driver's), or None: optimize commits
+    a checkpoint before it ends (a stage job's process ends with its stage)."""
 
     def seed(self, stage: str, *extra: object) -> int:
         """The seed of this stage of this update: the same on every attempt, so a rerun is bitwise equal."""
@@ -111,7 +115,7 @@ class StageContext:
                 lost = exc
         self._stop_at_a_lost_race(lost, stage, update)
         attempt = distributed.broadcast_json(attempt)
-        owners = _file_owners(files)
+        owners = file_owners(files)
         mine = {name: files[name] for name, owner in owners.items() if owner == distributed.rank()}
         uploaded: dict[str, dict] = {}
         for part in distributed.all_gather_json(
@@ -136,7 +140,7 @@ class StageContext:
             raise lost or AlreadyCommitted(self.run_id, update, stage, winner)
 
 
-def _file_owners(files: Mapping[str, bytes | PathLike[str]]) -> dict[str, int]:
+def file_owners(files: Mapping[str, bytes | PathLike[str]]) -> dict[str, int]:
     """Which rank uploads each file of a distributed commit (collective): rank 0 all it holds (its bytes,
     its node's files), each other node's leader what its node alone holds. Raises FileNotFoundError on
     every rank, naming them, where a file some rank names is on no node."""

@@ -1,7 +1,10 @@
 """Optimize: PPO-clip on the backbone responses of update k, making policy k + 1.
 
 When policy k + 1 is due in full (`checkpoint_every`, and after the last update), its weights and optimizer
-state are committed as the checkpoint of update k + 1, then this stage's summary. A job told to stop
+state are committed as the checkpoint of update k + 1, then this stage's summary. Under a resident driver
+(`ctx.uploads`) the stage ends once the state is saved on the node: the checkpoint uploads beside the next
+updates (uploads.py), and the summary carries the fingerprint of the weights, as between full checkpoints,
+until its marker lands; the run's last checkpoint is committed here. A job told to stop
 (preemption, its time limit: the grace window is for this) stops at the next mini-batch boundary; in such
 an update it first commits the trainer state as a sub-stage `optimize.part-NNNN`, so the run resumes from
 the next mini-batch and ends bitwise identical. Nothing else is saved mid-optimizer: a hard death (a node
@@ -117,11 +120,18 @@ def run(ctx: StageContext) -> None:
         ran = engine.train_step(batch, seed=seed, start_minibatch=start, on_minibatch_done=after_minibatch)
     ctx.attempt_notes["minibatches_run"] = int(ran["minibatches"])
     summary = {**combine_metrics(history), "minibatches": len(history)}
-    if full:
-        with saved_trainer(ctx, engine, ctx.scratch / f"policy-{ctx.update + 1:06d}") as files:
+    folder = ctx.scratch / f"policy-{ctx.update + 1:06d}"
+    uploads = ctx.uploads
+    if full and uploads is not None:
+        uploads.finish(ctx.store)  # one checkpoint at a time in flight and in the node's scratch
+    if full and (uploads is None or ctx.update + 1 == cfg.num_updates):  # a stage job's, the run's last
+        with saved_trainer(ctx, engine, folder) as files:
             ctx.commit(Stage.CHECKPOINT, files, summary, update=ctx.update + 1)
         ctx.commit(STAGE, {}, summary)
     else:
+        if full and uploads is not None:  # uploaded beside the next updates: until it lands, replayed
+            with saved_trainer(ctx, engine, folder, handed_on=True) as files:
+                uploads.start(ctx, folder, files, summary)
         with spend.timed("digest"):
             fingerprint = engine.weights_fingerprint()
         ctx.commit(STAGE, {}, {**summary, FINGERPRINT: fingerprint})

@@ -19,7 +19,16 @@ from typing import BinaryIO
 
 from probepo.store.errors import InvalidKey, ObjectMissing, StoreUnreachable
 from probepo.store.keys import object_key
-from probepo.store.objects import Digest, ObjectInfo, ObjectStore, Versioned, copy_hashed, file_digest
+from probepo.store.objects import (
+    Digest,
+    ObjectInfo,
+    ObjectStore,
+    UploadControl,
+    Versioned,
+    copy_hashed,
+    file_digest,
+    upload_source,
+)
 
 WRITEBACK_EVERY = 32 << 20
 _ADVISE = getattr(os, "posix_fadvise", None)  # Linux; elsewhere the fsync does all the writing
@@ -130,13 +139,13 @@ class LocalObjectStore(ObjectStore):
             path = self._path(key)
             self._replace(self._write_temp(path, data), path)
 
-    def put_file(self, key: str, path: Path) -> Digest:
+    def put_file(self, key: str, path: Path, control: UploadControl | None = None) -> Digest:
         with self._errors("write", key):
             target = self._path(key)
             temp = self._temp_beside(target)
             try:
                 # One read of the source: the bytes are hashed on their way into the store.
-                with open(path, "rb") as source, open(temp, "xb") as handle:
+                with upload_source(path, control) as source, open(temp, "xb") as handle:
                     digest = copy_hashed(source, _EarlyWriteback(handle).write)
                     handle.flush()
                     os.fsync(handle.fileno())

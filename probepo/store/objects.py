@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -73,7 +74,57 @@ class HashingWriter:
         return Digest(self._size, self._hash.hexdigest())
 
 
-def copy_hashed(source: BinaryIO, write: Callable[[memoryview], object]) -> Digest:
+class UploadAbandoned(Exception):
+    """An upload its caller gave up (a stop left no time for it: probepo/stages/uploads.py), ended at its
+    next read of the source: the backend removes what it had written (a local temporary file, an S3
+    multipart upload aborted). Not a StoreError: the store is fine."""
+
+
+@dataclass
+class UploadControl:
+    """What the caller of an upload sees and steers of it from another thread: the bytes read so far (its
+    rate), and `abandon`, which ends it at its next read (UploadAbandoned)."""
+
+    abandon: threading.Event = field(default_factory=threading.Event)
+    bytes_read: int = 0
+
+
+class AbandonableReader:
+    """A file read for an upload: counts what is read into its control, and raises UploadAbandoned at the
+    next read once the control's `abandon` is set."""
+
+    def __init__(self, raw: BinaryIO, control: UploadControl | None) -> None:
+        self._raw, self._control = raw, control
+
+    def _check(self) -> None:
+        if self._control is not None and self._control.abandon.is_set():
+            raise UploadAbandoned(f"upload of {getattr(self._raw, 'name', 'a file')} abandoned")
+
+    def _count(self, nbytes: int) -> None:
+        if self._control is not None:
+            self._control.bytes_read += nbytes
+
+    def read(self, size: int = -1) -> bytes:
+        self._check()
+        data = self._raw.read(size)
+        self._count(len(data))
+        return data
+
+    def readinto(self, buffer: bytearray | memoryview) -> int:
+        self._check()
+        count = self._raw.readinto(buffer)
+        self._count(count)
+        return count
+
+
+@contextlib.contextmanager
+def upload_source(path: Path, control: UploadControl | None) -> Iterator[AbandonableReader]:
+    """`path` opened for an upload that `control` watches and may end (see UploadAbandoned)."""
+    with open(path, "rb") as raw:
+        yield AbandonableReader(raw, control)
+
+
+def copy_hashed(source: BinaryIO | AbandonableReader, write: Callable[[memoryview], object]) -> Digest:
     """Copy `source` from where it stands to its end through `write` in one pass, hashing each piece
     between reading and writing it; one buffer serves every piece. Returns the digest of the bytes copied."""
     buffer = bytearray(COPY_BUFFER)
@@ -109,9 +160,10 @@ class ObjectStore(ABC):
         """Write (or overwrite) an object atomically: readers see the old or the new bytes, never a part."""
 
     @abstractmethod
-    def put_file(self, key: str, path: Path) -> Digest:
+    def put_file(self, key: str, path: Path, control: UploadControl | None = None) -> Digest:
         """Stream a file into an object (multipart where large) in one read of it, hashing the bytes on their
-        way: the digest returned is that of the bytes stored."""
+        way: the digest returned is that of the bytes stored. `control` counts the bytes read; once its
+        `abandon` is set the upload ends at its next read, raising UploadAbandoned, leaving nothing."""
 
     @abstractmethod
     def put_if_absent(self, key: str, data: bytes) -> str | None:

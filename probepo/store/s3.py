@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, BinaryIO, TypeVar
+from typing import Any, TypeVar
 
 import boto3
 from boto3.s3.transfer import TransferConfig
@@ -36,7 +36,16 @@ from s3transfer.utils import ChunksizeAdjuster
 
 from probepo.store.capabilities import Conditionals, bare_etag, require_conditionals
 from probepo.store.errors import ObjectMissing, StoreError, StoreUnreachable
-from probepo.store.objects import Digest, HashingWriter, ObjectInfo, ObjectStore, Versioned
+from probepo.store.objects import (
+    AbandonableReader,
+    Digest,
+    HashingWriter,
+    ObjectInfo,
+    ObjectStore,
+    UploadControl,
+    Versioned,
+    upload_source,
+)
 from probepo.store.outage import RIDER
 from probepo.store.s3_errors import (
     CONFLICT_CODES,
@@ -137,21 +146,22 @@ class S3ObjectStore(ObjectStore):
 
         self._call("write", key, put, writes=True)
 
-    def put_file(self, key: str, path: Path) -> Digest:
+    def put_file(self, key: str, path: Path, control: UploadControl | None = None) -> Digest:
         size = path.stat().st_size
         if size < MULTIPART_THRESHOLD:
-            data = path.read_bytes()
+            with upload_source(path, control) as source:
+                data = source.read()
             self.put_bytes(key, data)
             return Digest.of(data)
         part_size = ChunksizeAdjuster().adjust_chunksize(MULTIPART_CHUNK, size)  # at most 10,000 parts
 
         def upload() -> Digest:
-            with open(path, "rb") as source:
+            with upload_source(path, control) as source:
                 return self._upload_parts(key, source, part_size)
 
         return self._call("upload", key, upload, writes=True)
 
-    def _upload_parts(self, key: str, source: BinaryIO, part_size: int) -> Digest:
+    def _upload_parts(self, key: str, source: AbandonableReader, part_size: int) -> Digest:
         """A multipart upload in one pass over `source`: this thread reads the parts in order and hashes
         each as it is read, `TRANSFER_CONCURRENCY` threads send them, at most that many parts are in memory.
         So the file is read once and the digest is that of the bytes uploaded. Each part carries its CRC32

@@ -41,7 +41,7 @@ from probepo.store.formats import from_json_bytes, to_json_bytes
 from probepo.store.keys import RunLayout, new_attempt_id, utc_now
 from probepo.store.lease import Lease, acquire_lease
 from probepo.store.maintenance import Maintenance
-from probepo.store.objects import Digest, ObjectStore
+from probepo.store.objects import Digest, ObjectStore, UploadControl
 from probepo.store.records import RunRecords
 
 log = logging.getLogger("probepo.store")
@@ -218,20 +218,30 @@ class ArtifactStore(RunRecords, Maintenance):
         return new_attempt_id()
 
     def upload_attempt_files(
-        self, run_id: str, update: int, stage: str, attempt: str, files: Mapping[str, bytes | PathLike[str]]
+        self,
+        run_id: str,
+        update: int,
+        stage: str,
+        attempt: str,
+        files: Mapping[str, bytes | PathLike[str]],
+        control: UploadControl | None = None,
     ) -> dict[str, dict[str, Any]]:
         """Upload `files` (bytes, or paths streamed and hashed while uploading) into the attempt's folder,
-        in parallel; returns each file's `{"size", "sha256"}` as the marker records it."""
+        in parallel; returns each file's `{"size", "sha256"}` as the marker records it. `control` counts the
+        bytes of files read, and ends the uploads at their next read once its `abandon` is set
+        (UploadAbandoned), leaving nothing behind."""
         layout = RunLayout(run_id)
+        counters = spend.current()  # the worker threads count where their caller does
 
         def upload(name: str) -> tuple[str, Digest]:
             key = layout.data_key(update, stage, attempt, keys.file_name(name))
             value = files[name]
-            if isinstance(value, bytes | bytearray | memoryview):
-                data = bytes(value)
-                self.objects.put_bytes(key, data)
-                return name, Digest.of(data)
-            return name, self.objects.put_file(key, Path(value))
+            with spend.counting_into(counters):
+                if isinstance(value, bytes | bytearray | memoryview):
+                    data = bytes(value)
+                    self.objects.put_bytes(key, data)
+                    return name, Digest.of(data)
+                return name, self.objects.put_file(key, Path(value), control)
 
         names = list(files)
         if len(names) > 1:
@@ -275,6 +285,10 @@ class ArtifactStore(RunRecords, Maintenance):
             self._discard_attempt(layout.attempt_dir(update, stage, attempt))
             raise AlreadyCommitted(run_id, update, stage, winner)
         return marker
+
+    def discard_attempt(self, run_id: str, update: int, stage: str, attempt: str) -> None:
+        """Best effort: the files of an attempt that will not be committed (an abandoned upload)."""
+        self._discard_attempt(RunLayout(run_id).attempt_dir(update, stage, attempt))
 
     def _discard_attempt(self, prefix: str) -> None:
         """Best effort: a losing attempt's files are unreferenced; gc would collect them otherwise."""

@@ -89,9 +89,10 @@ def test_check_says_what_an_update_moves_and_warns_of_a_per_stage_executor(tiny_
     inline = check_launch(recipe, "inline", None).findings
     (line,) = [p for p in inline.passed if p.startswith("spend: ")]
     assert (
-        "s of state movement per update under inline (1 trainer rank(s), amortised over checkpoint_every 1"
-        in line
+        "s of state movement blocking each update under inline (1 trainer rank(s), amortised over"
+        " checkpoint_every 1: " in line
     )
+    assert " s beside the updates (commit " in line and "each checkpoint's upload" in line
     assert "in a checkpoint update" in line and "uploaded" in line and "at stated bandwidths" in line
     per_stage = check_launch(recipe, "local", None).findings
     (warning,) = [w for w in per_stage.warnings if w.startswith("spend: ")]

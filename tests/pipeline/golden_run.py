@@ -14,6 +14,7 @@ import torch
 
 from probepo import spend
 from probepo.run.pipeline import ensure_warmup, train
+from probepo.stages.replay import FINGERPRINT
 from probepo.store import ArtifactStore, open_store
 from tests.pipeline.conftest import tiny_config
 from tests.pipeline.portable import portable_kernels
@@ -33,7 +34,9 @@ operation off the path, and test_golden checks that MKL's setting does not move 
 
 def trajectory_digest(store: ArtifactStore, run_id: str, updates: int) -> str:
     """sha256 of what the weights do not show: each update's committed advantages and its metrics (losses,
-    statistics; wall times and the spend counters left out). A reordered sum whose gradient is the same
+    statistics; wall times, the spend counters and the weights' fingerprint left out: the fingerprint is
+    the weights' own, which their digest covers, and optimize records it only where it does not commit the
+    checkpoint itself, which depends on the executor). A reordered sum whose gradient is the same
     (Σ's gradient is 1 in any order) leaves the weights' bits alone but moves the loss it reports: this
     digest catches that."""
     digest = hashlib.sha256()
@@ -45,7 +48,7 @@ def trajectory_digest(store: ArtifactStore, run_id: str, updates: int) -> str:
         timeless = {
             key: value
             for key, value in metrics.items()
-            if not key.endswith("_s") and not spend.is_spend_metric(key)
+            if not key.endswith(("_s", FINGERPRINT)) and not spend.is_spend_metric(key)
         }
         digest.update(json.dumps(timeless, sort_keys=True).encode())
     return digest.hexdigest()

@@ -58,9 +58,10 @@ def test_a_retained_run_keeps_exactly_what_it_says_and_resumes_bitwise_after_a_k
     preset.write_text(yaml.safe_dump(config.model_dump(mode="json")))
     profile.write_text(yaml.safe_dump({"retention": RETAIN.model_dump(mode="json")}))
 
-    # Killed right after update 7 committed policy 8, before the driver pruned: 6 is the last pruned pass's
+    # Killed right after checkpoint 8 landed (uploaded beside update 8), before the driver pruned: 6 is the
+    # last pruned pass's
     assert (
-        train_cli(warm_store.url, preset, "retain", "7:optimize:after-commit", profile=profile)
+        train_cli(warm_store.url, preset, "retain", "8:checkpoint.upload:landed", profile=profile)
         == -signal.SIGKILL
     )
     markers = {u: warm_store.marker("retain", u, "checkpoint") for u in range(0, 9, 2)}

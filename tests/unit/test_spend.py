@@ -68,18 +68,31 @@ def test_the_spend_model_at_7b_matches_the_code_paths_it_follows():
     assert found.checkpoint.bytes["host_copy"] == sizes.weights + sizes.weights + sizes.optimizer // 8
     amortised = found.amortised_seconds()
     assert amortised["commit"] == pytest.approx(sizes.checkpoint / 2.5e9 / 10)
-    # a stop's part takes the same save and upload of the grace window: ~50 s at 7B
-    rank0 = sizes.weights + sizes.optimizer // 8
-    assert stop_seconds(shape) == pytest.approx(
-        rank0 / 25e9 + sizes.checkpoint / 10e9 + sizes.checkpoint / 2.5e9
-    )
+    # rank 0's save: its weights (save_pretrained routed to the writer) and shard, through the pinned buffer
+    save = (sizes.weights + sizes.optimizer / 8) / 50e9 + sizes.checkpoint / 10e9
+    assert found.checkpoint.seconds["save"] == pytest.approx(save)
+    # a stop's part takes the same save and upload of the grace window, blocking: ~49 s at 7B
+    assert stop_seconds(shape) == pytest.approx(save + sizes.checkpoint / 2.5e9)
     assert found.total_s == pytest.approx(sum(amortised.values()))
+    # the upload runs beside the next updates; the save, the fingerprint and the hand-off block
+    assert found.checkpoint.beside_seconds == {"commit": pytest.approx(sizes.checkpoint / 2.5e9)}
+    assert found.checkpoint.beside_bytes == {"uploaded": sizes.checkpoint}
+    assert found.amortised_seconds(beside=True) == {"commit": amortised["commit"]}
+    assert set(found.amortised_seconds(beside=False)) == {"digest", "handoff", "save"}
+    assert found.beside_s == pytest.approx(amortised["commit"])
+    assert found.blocking_s + found.beside_s == pytest.approx(found.total_s)
+    assert found.checkpoint.seconds["digest"] == found.plain.seconds["digest"]  # a resume replays k + 1
+    assert found.checkpoint_wait_s(104.0) == 0  # a 39 s upload against 10 updates of 104 s
+    assert found.checkpoint_wait_s(1.0) == pytest.approx((sizes.checkpoint / 2.5e9 - 10) / 10)
     # the 8 ranks' vLLM files share the node's disk
     assert found.plain.seconds["handoff"] == pytest.approx(
         sizes.weights / 25e9 + 8 * sizes.weights / 10e9 + 8 * sizes.weights / 20e9
     )
     per_stage = estimate(UpdateShape(sizes, ranks=8, ranks_per_node=8, resident=False, handoff="file"))
     assert per_stage.every == 1 and per_stage.plain == per_stage.checkpoint
+    # a job per stage commits each checkpoint inside optimize: nothing beside, no fingerprint
+    assert per_stage.beside_s == 0 and per_stage.blocking_s == per_stage.total_s
+    assert "digest" not in per_stage.checkpoint.seconds
     assert per_stage.moved_bytes(per_stage.checkpoint) > 4 * sizes.checkpoint > found.moved_bytes(found.plain)
 
 
@@ -92,7 +105,14 @@ def test_check_warns_when_the_trainers_grace_window_cannot_hold_a_stops_part():
     config = load_run_config(root / "deepseekmath-7b-sft.yaml")
     profile = load_profile(root / "profiles" / "h200-node.yaml")
     found = spend_findings(config, profile, "resident", executor_for("resident"), 6_910_365_696)
-    assert found.warnings == [] and found.passed[0].startswith("spend: ")  # 300 s hold ~50 s
+    assert found.warnings == [] and found.passed[0].startswith("spend: ")  # 300 s hold ~49 s
+    # both figures, per update amortised: what the updates wait for, and the upload beside them
+    assert found.passed[0].startswith(
+        "spend: about 1.1 s of state movement blocking each update under resident (8 trainer rank(s),"
+        " amortised over checkpoint_every 10: digest 0.05, handoff 0.01, save 1.02) + 3.9 s beside the"
+        " updates (commit 3.87: each checkpoint's upload, 39 s, while the next updates train; it blocks an"
+        " update only where it outlasts checkpoint_every updates); GB moved by rank 0 in a plain update:"
+    )
     driver = profile.stages["driver"].model_copy(update={"signal_grace_s": 30})
     short = profile.model_copy(update={"stages": {**profile.stages, "driver": driver}})
     (warning,) = spend_findings(config, short, "resident", executor_for("resident"), 6_910_365_696).warnings

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -29,6 +29,7 @@ from probepo.engines.base import TrainerState
 from probepo.engines.hf.loading import read_weights, with_tied_weights
 from probepo.engines.packing import pack_responses
 from probepo.engines.trainer import OPTIMIZER_FILE, TRAINER_FILE, TorchTrainerEngine
+from probepo.streamed_save import save_streamed, streamed_pretrained_saves
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -130,14 +131,17 @@ class HFTrainerEngine(TorchTrainerEngine):
 
     def save(self, directory: str | Path) -> None:
         """config.json + model.safetensors (+ generation_config.json) and the tokenizer files, as
-        `save_pretrained` writes them, then optimizer.safetensors + trainer.json."""
+        `save_pretrained` writes them, then optimizer.safetensors + trainer.json. Every tensor is streamed
+        to its file one at a time, through the pinned staging buffer from a GPU (`save_streamed`; the
+        weights by routing `save_pretrained`'s writer to it)."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(directory)
+        with streamed_pretrained_saves():
+            self.model.save_pretrained(directory)
         if self.tokenizer is not None:
             self.tokenizer.save_pretrained(directory)
         optimizer = self.optimizer_tensors()
-        save_file({k: v.cpu().contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
+        save_streamed({k: v.contiguous() for k, v in optimizer.items()}, directory / OPTIMIZER_FILE)
         untied = dict(self.model.named_parameters()) | dict(self.model.named_buffers())
         spend.count_written([*untied.values(), *optimizer.values()])
         (directory / TRAINER_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
