@@ -5,6 +5,7 @@ given up without a marker. The drills on the real cluster: tests/slurm/test_resi
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -153,3 +154,39 @@ def test_an_upload_measures_its_rate_to_say_what_is_left():
     upload.started -= 2.0
     upload.control.bytes_read = 250  # 125 bytes a second
     assert upload.seconds_left() == pytest.approx(6.0, rel=0.05)
+
+
+def test_rank_0_lands_a_checkpoint_only_once_the_other_nodes_leaders_said_they_are_done(
+    store, tmp_path, monkeypatch
+):
+    """Two nodes: rank 0 uploads what its node holds, rank 2 (the other node's leader) its node's shard and
+    then the record of it; the marker lists both only once that record is there, and a leader that gave
+    up leaves the checkpoint uncommitted."""
+    from probepo.stages import uploads as module
+    from probepo.stages.uploads import manifest_name
+
+    monkeypatch.setattr(module.distributed, "world_size", lambda: 4)
+    monkeypatch.setattr(module.distributed, "broadcast_json", lambda message=None: message)
+    monkeypatch.setattr(module, "file_owners", lambda files: {**dict.fromkeys(files, 0), "shard-2": 2})
+    for update, outcome in ((2, "done"), (4, "gave up")):
+        uploads = CheckpointUploads(StopFlag(), 60)
+        ctx = context(store, tmp_path, update)
+        folder, files = saved(ctx)
+        uploads.start(ctx, folder, files, {})
+        uploads._upload.thread.join()
+        assert not uploads.land(store) and store.marker(RUN, update + 1, "checkpoint") is None
+        attempt = uploads._upload.attempt
+        report: dict = {"digests": None, "error": "abandoned"}
+        if outcome == "done":  # what rank 2's thread writes once its files are up
+            shard = store.upload_attempt_files(RUN, update + 1, "checkpoint", attempt, {"shard-2": b"2" * 64})
+            report = {"digests": shard, "error": None}
+        key = RunLayout(RUN).data_key(update + 1, "checkpoint", attempt, manifest_name(2))
+        store.objects.put_bytes(key, json.dumps(report).encode())
+        assert uploads.land(store) and not uploads.in_flight(update + 1)
+        marker = store.marker(RUN, update + 1, "checkpoint")
+        if outcome == "done":
+            assert sorted(marker["files"]) == sorted([*files, "shard-2"])
+            assert not store.objects.exists(key)  # the record goes once the marker is there
+        else:
+            assert marker is None
+    assert store.verify(RUN).problems == []
