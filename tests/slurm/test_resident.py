@@ -93,7 +93,11 @@ def _checkpoint_3_never_seen(store, run_id: str) -> None:
     assert store.marker(run_id, 3, "checkpoint") is None
     assert not list(store.objects.list(f"{RunLayout(run_id).root}checkpoints/000003/"))
     assert [u for u, stages in store.ledger_entries(run_id).items() if "checkpoint" in stages] == [0, 5]
-    assert [a.get("replayed_updates") for a in store.attempts(run_id) if a.get("replayed_updates")] == [3]
+    # one stage rebuilt the policy from checkpoint 0: policy 3, or policy 4 where the driver had trained
+    # update 3 too before the stop or kill found it (optimize 4 waits for checkpoint 3: it gets no further)
+    attempts = store.attempts(run_id)
+    replays = [(a["update"], a["replayed_updates"]) for a in attempts if a.get("replayed_updates")]
+    assert len(replays) == 1 and replays[0][0] == replays[0][1] in (3, 4), replays
     assert store.verify(run_id).problems == []
 
 
