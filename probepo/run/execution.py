@@ -24,7 +24,7 @@ from probepo.run.schedule import Stage
 from probepo.stages.context import StageContext
 from probepo.stages.policy import PolicyEngines
 from probepo.stages.runners import STAGES
-from probepo.stages.uploads import DEFAULT_SIGNAL_GRACE_S, CheckpointUploads
+from probepo.stages.uploads import CheckpointUploads
 from probepo.store import AlreadyCommitted, ArtifactStore, AttemptOutcome, open_store
 
 
@@ -182,7 +182,7 @@ def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> Non
     0 die, the group's collectives fail here and this process ends with them."""
     store = open_store(request.store_url)
     engines = PolicyEngines()
-    uploads = CheckpointUploads(should_stop, request.signal_grace_s or DEFAULT_SIGNAL_GRACE_S)
+    uploads = CheckpointUploads(should_stop, request.signal_grace_s)
     with uploads.until_landed(store):  # this rank's part of a checkpoint in flight (rank 0 lands it)
         while (order := distributed.broadcast_json()) is not None:
             ctx = StageContext(
@@ -204,5 +204,3 @@ def follow_stages(request: StageRequest, should_stop: Any, scratch: Path) -> Non
             except BaseException:
                 engines.release()
                 raise
-        if should_stop():  # rank 0 stopped: this rank's upload lands within the grace, or is abandoned
-            uploads.settle(store)

@@ -27,7 +27,7 @@ from probepo.run.preemption import Preempted, StopFlag
 from probepo.run.schedule import STAGES, Stage, full_checkpoint, resident_refusal, stages_for_update
 from probepo.stages import warmup
 from probepo.stages.context import StageContext
-from probepo.stages.uploads import DEFAULT_SIGNAL_GRACE_S, CheckpointUploads
+from probepo.stages.uploads import CheckpointUploads
 from probepo.store import (
     ArtifactStore,
     Ledger,
@@ -113,11 +113,10 @@ def train(
         _drive_in_a_job(config, run_id, store, runner, tell, progress, retention)
         return store.read_metrics(run_id)
     flag = StopFlag()
-    grace = DEFAULT_SIGNAL_GRACE_S if signal_grace_s is None else signal_grace_s
     uploads = None
     if runner.resident:  # its process outlives the stage: a checkpoint can upload beside the next updates
         landed = partial(_retain, store, run_id, retention)
-        uploads = CheckpointUploads(flag, grace, landed, job_id=getattr(runner, "job_id", None))
+        uploads = CheckpointUploads(flag, signal_grace_s, landed, job_id=getattr(runner, "job_id", None))
     with flag.installed():  # a stop during the warm-up, too, ends this driver at a safe point
         return _train(config, run_id, store, runner, flag, tell, progress, tensorboard_dir, take_over,
                       holder_ended, retention, uploads)  # fmt: skip

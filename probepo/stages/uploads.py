@@ -105,24 +105,27 @@ class CheckpointUploads:
     """A rank's checkpoint in flight (at most one): started by optimize, landed by rank 0's driver.
 
     `stop`: the process's stop flag (`settle` and the landing's fault point read it; never a collective).
-    `signal_grace_s`: how long a stop leaves the job (the profile's, for the driver).
+    `signal_grace_s`: how long a stop leaves the job (the profile's, for the driver; None: the profiles'
+    default, where no job states one).
     `on_landed(update)`: called on rank 0 when a checkpoint's marker is created (retention).
     `job_id`: the driver's job, which the checkpoint's own attempt record names."""
 
     def __init__(
         self,
         stop: StopFlag,
-        signal_grace_s: float,
+        signal_grace_s: float | None,
         on_landed: Callable[[int], None] | None = None,
         job_id: str | None = None,
     ) -> None:
-        self.stop, self.signal_grace_s, self.on_landed, self.job_id = stop, signal_grace_s, on_landed, job_id
+        self.stop, self.on_landed, self.job_id = stop, on_landed, job_id
+        self.signal_grace_s = DEFAULT_SIGNAL_GRACE_S if signal_grace_s is None else signal_grace_s
         self._upload: _Upload | None = None
 
     @contextmanager
     def until_landed(self, store: ArtifactStore) -> Iterator[None]:
-        """Around a driver's updates: at their end the checkpoint in flight lands (`finish`); a stop settles
-        it (`settle`), any other failure abandons it."""
+        """Around a driver's updates (or a follower rank's stages): at their end the checkpoint in flight
+        lands (`finish`); a stop, raised as Preempted or only flagged (a follower whose rank 0 stopped),
+        settles it (`settle`); any other failure abandons it."""
         try:
             yield
         except Preempted:
@@ -131,7 +134,10 @@ class CheckpointUploads:
         except BaseException:
             self.abandon(store)
             raise
-        self.finish(store)
+        if self.stop():
+            self.settle(store)
+        else:
+            self.finish(store)
 
     def in_flight(self, update: int) -> bool:
         """Whether checkpoint `update` is uploading (its marker not yet created)."""
