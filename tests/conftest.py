@@ -251,10 +251,23 @@ def every_update_reference(warm_store: ArtifactStore) -> dict[str, bytes]:
 
 @pytest.fixture(scope="session")
 def tiny_qwen(tmp_path_factory: pytest.TempPathFactory) -> TinyQwen:
+    """Built once per run (~20 CPU-s): xdist's workers share the run's temporary root, where the first to
+    need it builds it under a lock and the others load its tokenizer back. Tests only read its folder."""
+    from filelock import FileLock
     from transformers.utils import logging
 
+    from probepo.engines.hf.loading import load_tokenizer
+
     logging.disable_progress_bar()  # "Loading weights" bars on every from_pretrained
-    return build_tiny_qwen(tmp_path_factory.mktemp("tiny-qwen"))
+    root = tmp_path_factory.getbasetemp()
+    shared = root.parent if os.environ.get("PYTEST_XDIST_WORKER") else root
+    folder, built = shared / "tiny-qwen", shared / "tiny-qwen.built"
+    with FileLock(shared / "tiny-qwen.lock"):
+        if built.exists():
+            return TinyQwen(folder, load_tokenizer(folder))
+        model = build_tiny_qwen(folder)
+        built.touch()
+        return model
 
 
 @pytest.fixture
