@@ -32,6 +32,9 @@ if [ ! -e "$stamp" ]; then
                 extra-index-url) uv_options+=(--extra-index-url "$item") ;;
                 find-links) uv_options+=(--find-links "$item") ;;
                 constraint) uv_options+=(--constraint "$item") ;;
+                trusted-host) uv_options+=(--allow-insecure-host "$item") ;;
+                cert) export SSL_CERT_FILE=$item ;;  # a site's CA bundle (a TLS-inspecting proxy's, say)
+                proxy) export HTTPS_PROXY=$item HTTP_PROXY=$item ;;
             esac
         done
     done < <("$venv/bin/python" -m pip config list 2>/dev/null)
