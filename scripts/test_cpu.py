@@ -50,6 +50,7 @@ def cluster_jobs(name: str, since: float) -> list[dict]:
         capture_output=True, text=True, timeout=120, env=env, check=True,
     )  # fmt: skip
     jobs: dict[tuple[str, str], dict] = {}
+    current: tuple[str, str] | None = None
     for line in listed.stdout.splitlines():
         job_id, job_name, submit, total = line.split("|")
         base = job_id.split(".", 1)[0]
@@ -58,7 +59,7 @@ def cluster_jobs(name: str, since: float) -> list[dict]:
             jobs[key] = {"job": base, "name": job_name, "submit": datetime.fromisoformat(submit).timestamp(),
                          "cpu_s": 0.0}  # fmt: skip
             current = key
-        elif jobs:
+        elif current is not None:
             jobs[current]["cpu_s"] += cpu_seconds(total)
     return list(jobs.values())
 

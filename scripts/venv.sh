@@ -5,7 +5,7 @@
 #                              torch 2.13.0+cpu and transformers < 5.20 (so it cannot share .venv)
 # Re-installs only when pyproject.toml or the extras changed, so repeated runs cost nothing.
 # The packages install with uv, under pip's own configuration (its indexes, find-links and constraints, as
-# `pip config list` shows them): the test extras take ~25 s where pip took ~130 s (docs/TESTING.md).
+# `pip config list` shows them): the test extras took 50-65 s here where pip took ~130 s (docs/TESTING.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras="${1:-cpu,dev}"
