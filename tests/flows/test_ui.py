@@ -70,6 +70,21 @@ def _until(driver, condition: Callable[[], object], what: str, timeout_s: float 
     raise AssertionError(f"the UI did not show {what} within {timeout_s} s (screenshots: {SHOTS})")
 
 
+def _leave_the_ui(driver) -> None:
+    """A blank page while the test waits on the API: a live run page redraws as it polls, in software here
+    (no GPU), and kept Chromium busier than the run it showed (docs/TESTING.md)."""
+    driver.get("about:blank")
+
+
+def _cancel_asked(flow_run_id) -> bool:
+    """Whether the run is Cancelling or Cancelled: the page's request has landed and it may be left."""
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        state = client.read_flow_run(flow_run_id).state
+    return state is not None and (state.is_cancelling() or state.is_cancelled())
+
+
 def _body(driver) -> str:
     from selenium.webdriver.common.by import By
 
@@ -137,6 +152,7 @@ def test_a_preset_launched_from_its_form_by_changing_two_fields_completes_and_sh
     browser.save_screenshot(str(SHOTS / "train-run-form.png"))
     _submit(browser)
     flow_run_id = _until(browser, lambda: _run_of(train.id, run_id), "the new flow run (via the API)")
+    _leave_the_ui(browser)
     run = _wait_for_end(flow_run_id)
     assert run.state.is_completed(), run.state.message
     assert warm_store.marker(run_id, 2, "checkpoint") is not None
@@ -242,12 +258,14 @@ def test_a_run_shows_its_percent_and_curves_while_it_trains_and_its_cancelled_jo
     browser.get(f"{ui}/runs/flow-run/{created.id}")  # the UI's Cancel, then its confirmation
     _button(browser, "Cancel").click()
     _button(browser, "Confirm").click()
+    _until(browser, lambda: _cancel_asked(created.id), "the run Cancelling (via the API)")
+    _leave_the_ui(browser)
     run = _cancelled_for_good(created.id)  # Prefect's runner set its generic line, then ours came back
     job = str(held["job_id"])
     line = cancel_line(run_id, None, [job])
     assert run.state.is_cancelled() and run.state.message == line, run.state
     assert line.endswith(f"; to go on, run the resume deployment with run_id {run_id}")
-    browser.refresh()
+    browser.get(f"{ui}/runs/flow-run/{created.id}")
     _tab(browser, "details")
     said = f"run {run_id} cancelled; jobs ended: {job}; "  # what the page shows before its "See More"
     _until(
@@ -307,6 +325,7 @@ def _nights_list_every_checkpoint_of_the_run(driver, ui: str, store, run_id: str
     from flows.evaluate import nightly_eval
     from probepo.config import CheckpointSelection
 
+    _leave_the_ui(driver)
     nights = [
         nightly_eval(
             store.url, selection=CheckpointSelection(runs=(run_id,)), executor="inline", return_state=True
