@@ -72,7 +72,7 @@ def _until(driver, condition: Callable[[], object], what: str, timeout_s: float 
 
 def _leave_the_ui(driver) -> None:
     """A blank page while the test waits on the API: a live run page redraws as it polls, in software here
-    (no GPU), and kept Chromium busier than the run it showed (docs/TESTING.md)."""
+    (no GPU); Chromium spent 117 CPU-s on the launch test with it open, 63 without (docs/TESTING.md)."""
     driver.get("about:blank")
 
 
